@@ -1,0 +1,40 @@
+# The two commands of the README: `make run` and `make test`. Both install what they need first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+UPSTREAM ?=
+PORT ?= 8080
+ADMIN_PORT ?= 9464
+FAKE_PORT ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: install test lint run demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,speed]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy --strict proxy
+
+test: lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The proxy in front of the built-in fake upstream, or in front of UPSTREAM=URL.
+run: $(STAMP)
+	@PORT=$(PORT) ADMIN_PORT=$(ADMIN_PORT) FAKE_PORT=$(FAKE_PORT) UPSTREAM='$(UPSTREAM)' BIN=$(BIN) sh scripts/run.sh
+
+demo: $(STAMP)
+	$(BIN)/streamwarden demo
+
+bench: $(STAMP)
+	$(BIN)/streamwarden bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,52 @@
+"""`streamwarden` / `python -m proxy`: dispatch the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .config import ConfigError, build_parser, config_from_args
+
+__all__ = ["main"]
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    raise KeyError(name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        try:
+            config = config_from_args(args)
+        except ConfigError as exc:
+            _subparser(parser, "serve").error(str(exc))  # usage line + one line, exit 2
+        from .server import serve
+
+        serve(config)
+        return 0
+    if args.command == "fake-upstream":
+        from .fake import FakeSettings, run
+
+        run(args.host, args.port, FakeSettings(token_rate=args.token_rate))
+        return 0
+    if args.command == "demo":
+        from .demo import run_demo
+
+        return run_demo(keep_running=args.keep_running)
+    if args.command == "bench":
+        from .bench import run_bench
+
+        return run_bench(args.upstream, requests=args.requests, concurrency=args.concurrency, tokens=args.tokens)
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Command line and environment: the one place that reads either, producing a frozen `Config`.
+
+Every `serve` flag also reads `STREAMWARDEN_<FLAG>`; a flag beats the variable. A bad value stops
+start-up with argparse's usage line and one line naming the flag and what it expects (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from yarl import URL
+
+from . import __version__
+
+__all__ = ["SERVE_FLAGS", "Config", "ConfigError", "build_parser", "config_from_args", "parse_size"]
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+class ConfigError(ValueError):
+    """A flag or environment value that cannot be used; the message names what is expected."""
+
+
+def parse_size(text: str) -> int:
+    """`64MiB`, `512k`, `1048576` -> bytes."""
+    match = _SIZE_RE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise ConfigError("a size in bytes such as 1048576, 512KiB or 64MiB")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError("a number of seconds, 0 or more") from None
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError("a number of seconds, 0 or more")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise ConfigError("a number of seconds greater than 0")
+    return value
+
+
+def _port(text: str) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+        raise ConfigError("a TCP port from 1 to 65535")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ConfigError("a whole number, 0 or more")
+    return int(text)
+
+
+def _positive_count(text: str) -> int:
+    value = _count(text)
+    if value == 0:
+        raise ConfigError("a whole number greater than 0")
+    return value
+
+
+def _upstream(text: str) -> str:
+    url = URL(text.strip())
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError("an http:// or https:// URL such as http://127.0.0.1:8000")
+    if url.query_string or url.fragment:
+        raise ConfigError("a base URL without query or fragment")
+    return str(url).rstrip("/")
+
+
+def _path(text: str) -> str:
+    if not text.startswith("/"):
+        raise ConfigError("a path starting with /")
+    return text
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in options:
+            raise ConfigError("one of " + ", ".join(options))
+        return text
+
+    return parse
+
+
+def _host(text: str) -> str:
+    if not text.strip():
+        raise ConfigError("a host name or address to listen on")
+    return text.strip()
+
+
+# flag -> (parser, default, help). The single source of truth for `serve`'s flags.
+SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
+    "upstream": (_upstream, None, "base URL of the OpenAI-compatible backend (may carry a path prefix)"),
+    "host": (_host, "0.0.0.0", "address to listen on"),
+    "port": (_port, "8080", "main port: every request on it is forwarded to the upstream"),
+    "admin-port": (_port, "9464", "admin port: /metrics, /healthz, /readyz"),
+    "connect-timeout": (_positive_seconds, "10", "seconds to open an upstream connection"),
+    "first-byte-timeout": (_positive_seconds, "600", "seconds to wait for the upstream's response headers"),
+    "idle-timeout": (_positive_seconds, "120", "seconds of upstream silence inside a stream before it is ended"),
+    "hold-headers": (_seconds, "10", "seconds to hold a stream's 200 until the first content (0: commit at once)"),
+    "keepalive-interval": (_seconds, "15", "seconds of upstream silence between ': keep-alive' comments (0: off)"),
+    "drain-timeout": (_seconds, "30", "seconds streams may run on after SIGTERM"),
+    "max-body-size": (parse_size, "64MiB", "largest request body accepted (bigger: 413)"),
+    "upstream-max-connections": (_count, "0", "upstream connection pool size (0: unlimited)"),
+    "client-stall-timeout": (_positive_seconds, "60", "seconds a client may stop reading before it counts as gone"),
+    "health-path": (_path, "/v1/models", "upstream path that /readyz probes"),
+    "on-abandon": (_choice("cancel", "drain"), "cancel", "client gone: cancel the upstream, or drain it for usage"),
+    "model-label-limit": (_positive_count, "50", "distinct model label values before the rest become 'other'"),
+    "log-format": (_choice("json", "console"), "json", "one JSON line per request, or human-readable"),
+    "log-level": (_choice("debug", "info", "warning", "error"), "info", "lowest level that is logged"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything `serve` was told, validated once at start-up."""
+
+    upstream: str
+    host: str = "0.0.0.0"
+    port: int = 8080
+    admin_port: int = 9464
+    connect_timeout: float = 10.0
+    first_byte_timeout: float = 600.0
+    idle_timeout: float = 120.0
+    hold_headers: float = 10.0
+    keepalive_interval: float = 15.0
+    drain_timeout: float = 30.0
+    max_body_size: int = 64 * 1024 * 1024
+    upstream_max_connections: int = 0
+    client_stall_timeout: float = 60.0
+    health_path: str = "/v1/models"
+    on_abandon: str = "cancel"
+    model_label_limit: int = 50
+    log_format: str = "json"
+    log_level: str = "info"
+    max_event_size: int = 8 * 1024 * 1024
+
+    def redacted_upstream(self) -> str:
+        """The upstream URL without a password, for logs."""
+        url = URL(self.upstream)
+        return str(url.with_password("***")) if url.password else str(url)
+
+
+def env_name(flag: str) -> str:
+    return "STREAMWARDEN_" + flag.upper().replace("-", "_")
+
+
+def _add_serve(subparsers: Any) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the proxy",
+        description="Run the proxy. Every flag also reads STREAMWARDEN_<FLAG>; a flag beats the variable.",
+    )
+    for flag, (_, default, text) in SERVE_FLAGS.items():
+        shown = f" (default {default})" if default is not None else " (required)"
+        serve.add_argument(f"--{flag}", metavar="VALUE", default=None, help=f"{text}{shown}; env {env_name(flag)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: `serve`, `fake-upstream`, `demo`, `bench`."""
+    parser = argparse.ArgumentParser(prog="streamwarden", description="LLM streaming sidecar proxy")
+    parser.add_argument("--version", action="version", version=f"streamwarden {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(sub)
+    fake = sub.add_parser("fake-upstream", help="the fault-injecting OpenAI-compatible fake backend")
+    fake.add_argument("--host", default="127.0.0.1")
+    fake.add_argument("--port", type=int, default=8000)
+    fake.add_argument("--token-rate", type=float, default=20.0, help="content events per second (0: no delay)")
+    demo = sub.add_parser("demo", help="fake upstream + proxy + a guided tour, then exit")
+    demo.add_argument("--keep-running", action="store_true", help="leave both servers up afterwards")
+    bench = sub.add_parser("bench", help="overhead: direct vs through the proxy")
+    bench.add_argument("--upstream", default=None, help="a running backend (default: the built-in fake)")
+    bench.add_argument("--requests", type=int, default=200, help="streams per side")
+    bench.add_argument("--concurrency", type=int, default=20)
+    bench.add_argument("--tokens", type=int, default=200, help="content events per stream")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
+    """Flags beat `STREAMWARDEN_*` variables beat defaults. Raises ConfigError naming the flag."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for flag, (parse, default, _) in SERVE_FLAGS.items():
+        raw = getattr(args, flag.replace("-", "_"), None)
+        source = f"--{flag}"
+        if raw is None and env.get(env_name(flag)):
+            raw, source = env[env_name(flag)], f"--{flag} (from {env_name(flag)})"
+        if raw is None:
+            raw = default
+        if raw is None:
+            raise ConfigError(f"argument {source} is required: expected {_describe(parse)}")
+        try:
+            values[flag.replace("-", "_")] = parse(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"argument {source}: expected {exc}, got {raw!r}") from None
+    if values["port"] == values["admin_port"]:
+        raise ConfigError("argument --admin-port: expected a port other than --port's")
+    return Config(**values)
+
+
+def _describe(parse: Callable[[str], Any]) -> str:
+    try:
+        parse("")
+    except ConfigError as exc:
+        return str(exc)
+    return "a value"

@@ -1,0 +1,151 @@
+"""The one small interface every dialect implements, and the per-event verdicts it returns.
+
+A `Dialect` is stateless and shared; a `DialectStream` holds what one streamed exchange needs to
+remember (finish reasons, usage, the response id) so that the guard can decide, event by event,
+whether to forward, hold, drop or end the stream. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from proxy.dialects.errors import ErrorInfo, anthropic_error_body, describe_error, openai_error_body
+from proxy.sse import Event
+
+__all__ = ["Dialect", "DialectStream", "Kind", "Usage", "usage_from"]
+
+
+class Kind(enum.Enum):
+    """What one upstream event means to the guard."""
+
+    COMMENT = enum.auto()  # comment-only block: forward (or hold), not counted as an event
+    PASS = enum.auto()  # an event without generated content (prelude, usage, finish chunk): forward or hold
+    CONTENT = enum.auto()  # carries generated content: commits a held response
+    TERMINAL = enum.auto()  # the dialect's normal terminal frame: forward it, the stream is complete
+    END = enum.auto()  # a `[DONE]` in a dialect that has another terminal: drop it, treat it as the end
+    ERROR = enum.auto()  # an error in the dialect's own shape: forward, add `error_tail()`, end
+    FOREIGN = enum.auto()  # an error in another shape: replace it with the dialect's error frame, end
+    MALFORMED = enum.auto()  # the SDKs would die on it: drop this one event, stream on
+    EARLY_DONE = enum.auto()  # `[DONE]` while a choice that produced output has no finish_reason
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts as the upstream reported them (either may be missing)."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+def _count(value: object) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def usage_from(obj: object, prompt_key: str, completion_key: str) -> Usage | None:
+    """Read a `usage` object; None when it carries neither count."""
+    if not isinstance(obj, dict):
+        return None
+    prompt, completion = _count(obj.get(prompt_key)), _count(obj.get(completion_key))
+    if prompt is None and completion is None:
+        return None
+    return Usage(prompt, completion)
+
+
+class DialectStream(ABC):
+    """Per-exchange streaming state: classifies events and builds the frames the proxy writes.
+
+    After `classify` returned `Kind.ERROR` or `Kind.FOREIGN`, `error` describes the upstream's error.
+    """
+
+    __slots__ = ("error", "usage")
+
+    json_events = True  # events must carry JSON data (the SDKs parse every one)
+
+    def __init__(self) -> None:
+        self.error: ErrorInfo | None = None
+        self.usage: Usage | None = None
+
+    @property
+    @abstractmethod
+    def finished(self) -> bool:
+        """The generation visibly finished, so a clean EOF is a success (with `terminal_frame()`)."""
+
+    @abstractmethod
+    def classify(self, event: Event) -> Kind:
+        """Read one event (at most one JSON parse) and update the stream's state."""
+
+    @abstractmethod
+    def error_frame(self, status: int, message: str, code: str | None = None) -> bytes:
+        """The complete bytes that end this stream with an error the dialect's SDKs raise."""
+
+    def error_tail(self) -> bytes:
+        """What to add after an upstream error in the dialect's own shape (which was forwarded)."""
+        return b""
+
+    def terminal_frame(self) -> bytes | None:
+        """What to append when the generation finished but the upstream sent no terminal frame."""
+        return None
+
+    def classify_fieldless(self, event: Event) -> Kind:
+        """An event with an empty data buffer: a comment, a bare `error:` line, or unparseable."""
+        if event.event is None and event.id is None and event.retry is None and not event.has_data:
+            if b"error" in event.raw:
+                info = bare_error(event.raw)
+                if info is not None:
+                    self.error = info
+                    return Kind.FOREIGN
+            return Kind.COMMENT
+        return Kind.MALFORMED if self.json_events else Kind.PASS
+
+
+def bare_error(raw: bytes) -> ErrorInfo | None:
+    """The value of a non-standard `error:` field (old llama.cpp), which every SSE parser ignores."""
+    for line in raw.splitlines():
+        if line.startswith(b"error:") or line == b"error":
+            value = line[6:]
+            if value.startswith(b" "):
+                value = value[1:]
+            try:
+                obj = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                obj = None
+            if isinstance(obj, dict):
+                return describe_error(obj)
+            text = value.decode("utf-8", "replace").strip()
+            return ErrorInfo(502, text or "upstream sent an error", None)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """One API dialect: its metric label, its error shape and a factory for its stream state."""
+
+    name: str
+    json_body: bool
+    anthropic: bool
+    stream_factory: Callable[[], DialectStream]
+
+    def error_body(self, status: int, message: str, code: str | None = None) -> bytes:
+        """A whole-body JSON error in the dialect's shape, typed from the status."""
+        if self.anthropic:
+            return anthropic_error_body(status, message)
+        return openai_error_body(status, message, code)
+
+    def new_stream(self) -> DialectStream:
+        return self.stream_factory()
+
+    def own_error_shape(self, obj: object) -> bool:
+        """The body is an error the dialect's SDKs read as is (so it passes untouched)."""
+        if not isinstance(obj, dict):
+            return False
+        err = obj.get("error")
+        if not isinstance(err, dict) or not isinstance(err.get("message"), str):
+            return False
+        if self.anthropic:
+            return obj.get("type") == "error" and isinstance(err.get("type"), str)
+        return True

@@ -1,0 +1,91 @@
+"""OpenAI data-only streams: Chat Completions and legacy Completions (and the never-streamed rest).
+
+The wire format is `data: <json>` events ended by `data: [DONE]`. Backends end badly in three ways
+this module notices: an EOF without `[DONE]` (only a truncation when some choice has no
+finish_reason yet), a `[DONE]` after a choice was cut short, and errors in a dozen shapes.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from proxy.dialects.base import DialectStream, Kind, usage_from
+from proxy.dialects.errors import describe_error, dumps, is_error_object, openai_error
+from proxy.sse import Event
+
+__all__ = ["DONE_FRAME", "ChatStream"]
+
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+class ChatStream(DialectStream):
+    """Tracks, per choice index, whether it produced output and whether it has a finish_reason."""
+
+    __slots__ = ("_finished", "_produced", "_seen")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[int] = set()
+        self._finished: set[int] = set()
+        self._produced: set[int] = set()
+
+    @property
+    def finished(self) -> bool:
+        return bool(self._seen) and self._seen <= self._finished
+
+    def classify(self, event: Event) -> Kind:
+        data = event.data
+        if not data:
+            return self.classify_fieldless(event)
+        if data.startswith(b"[DONE]"):
+            return Kind.EARLY_DONE if self._produced - self._finished else Kind.TERMINAL
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return Kind.MALFORMED
+        if type(obj) is not dict:
+            return Kind.MALFORMED
+        err = obj.get("error")
+        if err:
+            self.error = describe_error(obj)
+            # A dict under `error` is what makes the SDKs raise; anything else must be rewritten.
+            return Kind.ERROR if isinstance(err, dict) else Kind.FOREIGN
+        choices = obj.get("choices")
+        if type(choices) is not list:
+            if event.event == "error" or is_error_object(obj):
+                self.error = describe_error(obj)
+                return Kind.FOREIGN
+            return Kind.PASS
+        usage = obj.get("usage")
+        if usage:
+            self.usage = usage_from(usage, "prompt_tokens", "completion_tokens") or self.usage
+        content = False
+        for choice in choices:
+            if type(choice) is not dict:
+                continue
+            index = choice.get("index", 0)
+            if type(index) is not int:
+                index = 0
+            self._seen.add(index)
+            if choice.get("finish_reason"):
+                self._finished.add(index)
+            delta = choice.get("delta")
+            if type(delta) is dict:
+                # Text is the common case; tool calls, reasoning, refusals and audio count as output too.
+                produced = bool(delta.get("content")) or any(v for k, v in delta.items() if k != "role")
+            else:
+                produced = bool(choice.get("text"))
+            if produced:
+                self._produced.add(index)
+                content = True
+        return Kind.CONTENT if content else Kind.PASS
+
+    def error_frame(self, status: int, message: str, code: str | None = None) -> bytes:
+        error = dumps({"error": openai_error(status, message, code)})
+        return b"data: " + error + b"\n\n" + DONE_FRAME
+
+    def error_tail(self) -> bytes:
+        return DONE_FRAME
+
+    def terminal_frame(self) -> bytes | None:
+        return DONE_FRAME

@@ -1,0 +1,152 @@
+"""OpenAI Responses API streams: named events with increasing `sequence_number`s.
+
+There is no `[DONE]`; only `response.completed`, `response.incomplete` or `response.failed` ends a
+stream, so an EOF without one is always a truncation. An error ending is the pair `response.failed`
+(which consumers keyed on the response see) then `error` (nested, which makes openai-python raise),
+and every frame the proxy adds continues the upstream's response id and sequence numbers.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from proxy.dialects.base import DialectStream, Kind, usage_from
+from proxy.dialects.errors import (
+    ErrorInfo,
+    cut,
+    describe_error,
+    dumps,
+    is_error_object,
+    openai_type,
+    responses_code,
+)
+from proxy.sse import Event
+
+__all__ = ["ResponsesStream"]
+
+_PRELUDE = frozenset({"response.created", "response.in_progress", "response.queued"})
+_TERMINAL = frozenset({"response.completed", "response.incomplete"})
+_CODE_STATUS = {"rate_limit_exceeded": 429, "invalid_prompt": 400, "server_error": 500}
+
+
+class ResponsesStream(DialectStream):
+    """Remembers the response object's identity and the last sequence number, to continue both."""
+
+    __slots__ = ("_response", "_sent", "_seq")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seq = -1
+        self._response: dict[str, object] = {}
+        self._sent = ""  # which half of the error pair the upstream sent: "failed" or "error"
+
+    @property
+    def finished(self) -> bool:
+        return False  # only a terminal event finishes a response, and it ends the stream itself
+
+    def classify(self, event: Event) -> Kind:
+        data = event.data
+        if not data:
+            return self.classify_fieldless(event)
+        if data.startswith(b"[DONE]"):
+            return Kind.END
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return Kind.MALFORMED
+        if type(obj) is not dict:
+            return Kind.MALFORMED
+        seq = obj.get("sequence_number")
+        if type(seq) is int and seq > self._seq:
+            self._seq = seq
+        kind = obj.get("type") or event.event
+        if isinstance(kind, str) and kind.startswith("response."):
+            if kind.endswith(".delta"):
+                return Kind.CONTENT if obj.get("delta") else Kind.PASS
+            response = obj.get("response")
+            if kind in _PRELUDE:
+                self._remember(response)
+            elif kind in _TERMINAL:
+                self._take_usage(response)
+                return Kind.TERMINAL
+            elif kind == "response.failed":
+                self._remember(response)
+                self._take_usage(response)
+                self.error = self._failed_info(response)
+                self._sent = "failed"
+                return Kind.ERROR
+            return Kind.PASS
+        if kind == "error":
+            self.error = describe_error(obj)
+            if isinstance(obj.get("error"), dict):
+                self._sent = "error"
+                return Kind.ERROR
+            return Kind.FOREIGN  # the documented flat shape, which openai-python yields instead of raising
+        if obj.get("error") or is_error_object(obj):
+            self.error = describe_error(obj)
+            return Kind.FOREIGN
+        return Kind.PASS
+
+    def _remember(self, response: object) -> None:
+        if isinstance(response, dict):
+            for key in ("id", "created_at", "model"):
+                if key in response:
+                    self._response[key] = response[key]
+
+    def _take_usage(self, response: object) -> None:
+        if isinstance(response, dict):
+            self.usage = usage_from(response.get("usage"), "input_tokens", "output_tokens") or self.usage
+
+    @staticmethod
+    def _failed_info(response: object) -> ErrorInfo:
+        error = response.get("error") if isinstance(response, dict) else None
+        if not isinstance(error, dict):
+            return ErrorInfo(502, "upstream response failed", None)
+        code = error.get("code")
+        message = error.get("message")
+        return ErrorInfo(
+            _CODE_STATUS.get(code, 502) if isinstance(code, str) else 502,
+            cut(message) if isinstance(message, str) and message else "upstream response failed",
+            code if isinstance(code, str) and code else None,
+        )
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _failed_event(self, status: int, message: str) -> bytes:
+        response = {
+            "id": self._response.get("id", "resp_streamwarden"),
+            "object": "response",
+            "created_at": self._response.get("created_at", 0),
+            "model": self._response.get("model", ""),
+            "status": "failed",
+            "error": {"code": responses_code(status), "message": cut(message)},
+            "incomplete_details": None,
+            "output": [],
+            "usage": None,
+        }
+        body = {"type": "response.failed", "sequence_number": self._next_seq(), "response": response}
+        return b"event: response.failed\ndata: " + dumps(body) + b"\n\n"
+
+    def _error_event(self, status: int, message: str, code: str | None) -> bytes:
+        code = code or responses_code(status)
+        message = cut(message)
+        body = {
+            "type": "error",
+            "sequence_number": self._next_seq(),
+            "code": code,
+            "message": message,
+            "param": None,
+            "error": {"type": openai_type(status), "code": code, "message": message, "param": None},
+        }
+        return b"event: error\ndata: " + dumps(body) + b"\n\n"
+
+    def error_frame(self, status: int, message: str, code: str | None = None) -> bytes:
+        return self._failed_event(status, message) + self._error_event(status, message, code)
+
+    def error_tail(self) -> bytes:
+        info = self.error or ErrorInfo(502, "upstream error", None)
+        if self._sent == "failed":
+            return self._error_event(info.status, info.message, info.code)
+        return self._failed_event(info.status, info.message)

@@ -1,0 +1,133 @@
+"""One exchange's record and the single place where it is counted and logged, exactly once.
+
+The handler moves an `Exchange` through its phases and fills in what it learns; `Recorder.finish`
+turns the final record into metrics and one log line. Nothing else writes the request metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .metrics import Metrics
+
+__all__ = ["Exchange", "Phase", "Recorder"]
+
+
+class Phase:
+    RECEIVED = "received"
+    AWAITING_HEADERS = "awaiting_headers"
+    RESPONDING = "responding"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What one request did; the fields of the `request` log line (design section 7)."""
+
+    request_id: str
+    method: str
+    path: str
+    api: str
+    client: str | None
+    started: float = field(default_factory=time.monotonic)
+    phase: str = Phase.RECEIVED
+    model: str | None = None
+    stream: bool = False
+    status: int | None = None
+    upstream_status: int | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    first_content_at: float | None = None
+    events: int = 0
+    content_events: int = 0
+    bytes_out: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    upstream_cancelled: str | None = None  # cancellation reason, when the proxy cancelled the upstream
+    rewrites: list[str] = field(default_factory=list)
+    committed: bool = False  # the client has received the status line
+    interrupt: str | None = None  # set by the server (e.g. "shutdown") just before it cancels the handler
+
+    def settle(self, outcome: str, reason: str) -> None:
+        """Fix the verdict; the first one stands (a later cleanup cannot overwrite it)."""
+        if self.outcome is None:
+            self.outcome, self.reason = outcome, reason
+
+    def cancelled(self, reason: str) -> None:
+        if self.upstream_cancelled is None:
+            self.upstream_cancelled = reason
+
+
+class Recorder:
+    """Writes an exchange's metrics and its log line when it finishes."""
+
+    def __init__(self, metrics: Metrics, logger: Any) -> None:
+        self.metrics = metrics
+        self.logger = logger
+
+    def start(self, ex: Exchange) -> None:
+        self.metrics.inflight.labels(api=ex.api).inc()
+
+    def finish(self, ex: Exchange) -> None:
+        if ex.phase == Phase.FINISHED:
+            return
+        ex.phase = Phase.FINISHED
+        ex.settle("error", "proxy_error")
+        m = self.metrics
+        now = time.monotonic()
+        model = m.models.label(ex.model)
+        outcome, reason = ex.outcome or "error", ex.reason or "proxy_error"
+        m.inflight.labels(api=ex.api).dec()
+        m.requests.labels(api=ex.api, model=model, outcome=outcome, reason=reason).inc()
+        m.duration.labels(api=ex.api, outcome=outcome).observe(now - ex.started)
+        m.upstream_responses.labels(
+            api=ex.api, code=str(ex.upstream_status) if ex.upstream_status else "none"
+        ).inc()
+        ttft = None
+        if ex.first_content_at is not None:
+            ttft = ex.first_content_at - ex.started
+            m.ttft.labels(api=ex.api, model=model).observe(ttft)
+        if ex.upstream_cancelled:
+            m.cancellations.labels(api=ex.api, reason=ex.upstream_cancelled).inc()
+        for rewrite in ex.rewrites:
+            m.rewrites.labels(api=ex.api, reason=rewrite).inc()
+        usage_source = self._count_tokens(ex, model)
+        self.logger.info(
+            "request",
+            request_id=ex.request_id,
+            method=ex.method,
+            path=ex.path,
+            api=ex.api,
+            model=ex.model,
+            stream=ex.stream,
+            status=ex.status,
+            upstream_status=ex.upstream_status,
+            outcome=outcome,
+            reason=reason,
+            duration_ms=round((now - ex.started) * 1000, 1),
+            ttft_ms=round(ttft * 1000, 1) if ttft is not None else None,
+            events=ex.events,
+            bytes_out=ex.bytes_out,
+            prompt_tokens=ex.prompt_tokens,
+            completion_tokens=ex.completion_tokens,
+            usage_source=usage_source,
+            upstream_cancelled=ex.upstream_cancelled is not None,
+            client=ex.client,
+        )
+
+    def _count_tokens(self, ex: Exchange, model: str) -> str | None:
+        """Usage from the upstream when it gave one; else a stream's content events, as estimated."""
+        tokens = self.metrics.tokens
+        if ex.prompt_tokens is not None or ex.completion_tokens is not None:
+            if ex.prompt_tokens:
+                tokens.labels(api=ex.api, model=model, kind="prompt", source="usage").inc(ex.prompt_tokens)
+            if ex.completion_tokens:
+                tokens.labels(api=ex.api, model=model, kind="completion", source="usage").inc(ex.completion_tokens)
+            return "usage"
+        if ex.content_events:
+            ex.completion_tokens = ex.content_events
+            tokens.labels(api=ex.api, model=model, kind="completion", source="estimated").inc(ex.content_events)
+            return "estimated"
+        return None

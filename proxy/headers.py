@@ -1,0 +1,57 @@
+"""Header rules at the proxy boundary: hop-by-hop removal both ways, and the forwarding headers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+__all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
+
+# RFC 9110 7.6.1 plus the classic extras; Proxy-Authorization is end-to-end here (design 10).
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
+)
+# Recomputed by aiohttp for the bytes actually sent, or meaningless once the proxy rewrites a body.
+_REQUEST_DROP = frozenset({"host", "content-length"})
+
+
+def _named_by_connection(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
+    named: set[str] = set()
+    for value in headers.getall("Connection", ()):
+        named.update(token.strip().lower() for token in value.split(",") if token.strip())
+    return named
+
+
+def _end_to_end(
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], extra_drop: Iterable[str] = ()
+) -> CIMultiDict[str]:
+    drop = HOP_BY_HOP | _named_by_connection(headers) | set(extra_drop)
+    return CIMultiDict((name, value) for name, value in headers.items() if name.lower() not in drop)
+
+
+def request_headers(
+    headers: CIMultiDictProxy[str], *, client_ip: str | None, scheme: str, host: str | None, request_id: str
+) -> CIMultiDict[str]:
+    """What goes upstream: the client's end-to-end headers plus X-Forwarded-* and X-Request-Id."""
+    out = _end_to_end(headers, _REQUEST_DROP)
+    if client_ip:
+        prior = ", ".join(out.getall("X-Forwarded-For", ()))
+        out.popall("X-Forwarded-For", None)
+        out["X-Forwarded-For"] = f"{prior}, {client_ip}" if prior else client_ip
+    # A sidecar usually sits behind an ingress that already set these: keep the outermost view.
+    out.setdefault("X-Forwarded-Proto", scheme)
+    if host:
+        out.setdefault("X-Forwarded-Host", host)
+    out["X-Request-Id"] = request_id
+    return out
+
+
+def response_headers(headers: CIMultiDictProxy[str], *, body_rewritten: bool) -> CIMultiDict[str]:
+    """What goes back to the client: the upstream's end-to-end headers.
+
+    When the proxy sends a body other than the upstream's, the length and encoding headers that
+    described the upstream's bytes are dropped (aiohttp writes the right ones).
+    """
+    extra = ("content-length", "content-encoding", "content-type") if body_rewritten else ()
+    return _end_to_end(headers, extra)

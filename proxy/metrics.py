@@ -1,0 +1,82 @@
+"""The Prometheus contract of design section 7, on a registry of its own (no process globals).
+
+Label values come from fixed sets; the request's model name, the one free-form label, is bounded by
+`ModelLabels` so that a client sending 10,000 model names cannot create 10,000 series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from . import __version__
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "ModelLabels"]
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+MODEL_NAME_MAX = 100
+
+
+class ModelLabels:
+    """First `limit` distinct model names keep their label; later ones become `other`."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def label(self, model: str | None) -> str:
+        if not model:
+            return "unknown"
+        name = model[:MODEL_NAME_MAX]
+        if name in self._seen:
+            return name
+        if len(self._seen) >= self._limit:
+            return "other"
+        self._seen.add(name)
+        return name
+
+
+class Metrics:
+    """Every streamwarden metric, registered on `registry`."""
+
+    def __init__(self, model_label_limit: int = 50, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.models = ModelLabels(model_label_limit)
+        r = self.registry
+        self.requests = Counter(
+            "streamwarden_requests", "Exchanges by final outcome and reason.",
+            ["api", "model", "outcome", "reason"], registry=r,
+        )
+        self.duration = Histogram(
+            "streamwarden_request_duration_seconds", "From request arrival to the end of the exchange.",
+            ["api", "outcome"], buckets=DURATION_BUCKETS, registry=r,
+        )
+        self.ttft = Histogram(
+            "streamwarden_time_to_first_token_seconds",
+            "From request arrival to the first upstream event carrying generated content.",
+            ["api", "model"], buckets=TTFT_BUCKETS, registry=r,
+        )
+        self.inflight = Gauge("streamwarden_inflight_requests", "Exchanges in progress.", ["api"], registry=r)
+        self.upstream_responses = Counter(
+            "streamwarden_upstream_responses", "Upstream response statuses (code=none: no response).",
+            ["api", "code"], registry=r,
+        )
+        self.cancellations = Counter(
+            "streamwarden_upstream_cancellations", "Upstream requests the proxy cancelled, by why.",
+            ["api", "reason"], registry=r,
+        )
+        self.rewrites = Counter(
+            "streamwarden_stream_rewrites", "Changes the proxy made to what the upstream sent, by why.",
+            ["api", "reason"], registry=r,
+        )
+        self.tokens = Counter(
+            "streamwarden_tokens", "Tokens by kind, from the upstream's usage or estimated from delivered events.",
+            ["api", "model", "kind", "source"], registry=r,
+        )
+        self.upstream_up = Gauge("streamwarden_upstream_up", "1 when the last upstream probe answered.", registry=r)
+        self.build_info = Gauge("streamwarden_build_info", "Always 1; carries the version.", ["version"], registry=r)
+        self.build_info.labels(version=__version__).set(1)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

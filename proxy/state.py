@@ -1,0 +1,52 @@
+"""Typed application state for the proxy app: one object under one `web.AppKey`, no globals."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from .config import Config
+from .exchange import Exchange, Recorder
+from .metrics import Metrics
+
+__all__ = ["STATE", "ProxyState"]
+
+
+@dataclass(slots=True)
+class ProxyState:
+    """What every handler needs: settings, the upstream session, the books, and the drain switch."""
+
+    config: Config
+    metrics: Metrics
+    recorder: Recorder
+    session: aiohttp.ClientSession | None = None
+    draining: bool = False
+    live: dict[asyncio.Task[object], Exchange] = field(default_factory=dict)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def track(self, task: asyncio.Task[object], ex: Exchange) -> None:
+        self.live[task] = ex
+        self.idle.clear()
+
+    def untrack(self, task: asyncio.Task[object]) -> None:
+        self.live.pop(task, None)
+        if not self.live:
+            self.idle.set()
+
+    def interrupt_all(self, reason: str) -> int:
+        """Ask every exchange in flight to end with `reason` (e.g. shutdown); returns how many."""
+        for task, ex in list(self.live.items()):
+            ex.interrupt = reason
+            task.cancel()
+        return len(self.live)
+
+    @property
+    def upstream_session(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "the proxy app is not started"
+        return self.session
+
+
+STATE: web.AppKey[ProxyState] = web.AppKey("streamwarden_state", ProxyState)

@@ -1,0 +1,96 @@
+"""Shared fixtures: real servers on loopback (the fake upstream, the proxy, its admin port)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+
+from proxy.app import build_apps, build_state
+from proxy.config import Config
+from proxy.fake import RECORDER, FakeSettings, Recorder, build_app
+from proxy.logs import make_logger
+from proxy.state import ProxyState
+
+AiohttpServer = Callable[..., Awaitable[TestServer]]
+
+
+@dataclass
+class FakeUpstream:
+    server: TestServer
+    recorder: Recorder
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+
+@dataclass
+class Proxy:
+    server: TestServer
+    admin: TestServer
+    state: ProxyState
+    log: io.StringIO
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+    @property
+    def admin_url(self) -> str:
+        return str(self.admin.make_url("")).rstrip("/")
+
+    def log_lines(self, event: str = "request") -> list[dict[str, Any]]:
+        lines = [orjson.loads(line) for line in self.log.getvalue().splitlines() if line.strip()]
+        return [line for line in lines if line.get("event") == event]
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.state.metrics.registry.get_sample_value(name, labels or {})
+        return value or 0.0
+
+
+@pytest.fixture
+async def fake_upstream(aiohttp_server: AiohttpServer) -> FakeUpstream:
+    app = build_app(FakeSettings())
+    server = await aiohttp_server(app)  # aiohttp's TestServer already runs with handler_cancellation=True
+    return FakeUpstream(server, app[RECORDER])
+
+
+ProxyFactory = Callable[..., Awaitable[Proxy]]
+
+
+@pytest.fixture
+async def make_proxy(aiohttp_server: AiohttpServer, fake_upstream: FakeUpstream) -> ProxyFactory:
+    """Start a proxy (main + admin ports) in front of the fake upstream, with config overrides."""
+
+    async def start(**overrides: Any) -> Proxy:
+        config = Config(upstream=overrides.pop("upstream", fake_upstream.url), host="127.0.0.1", port=1, admin_port=2)
+        config = dataclasses.replace(config, **overrides)
+        log = io.StringIO()
+        state = build_state(config, logger=make_logger("json", "debug", log))
+        main_app, admin_app = build_apps(state)
+        server = await aiohttp_server(main_app)
+        admin = await aiohttp_server(admin_app)
+        return Proxy(server, admin, state, log)
+
+    return start
+
+
+@pytest.fixture
+async def proxy(make_proxy: ProxyFactory) -> Proxy:
+    return await make_proxy()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+

@@ -1,0 +1,514 @@
+"""The deploy files agree with the code and with design sections 8 and 9.
+
+The Kubernetes manifests, the compose file and the Dockerfile name things the proxy defines: flags,
+ports, endpoints, the drain timeout. These tests read the files and check each such name against its
+source (the real argument parser, Config's defaults), so a renamed flag breaks a test instead of a
+deployment. The metrics side (dashboard, alert rules, promtool) is in test_prometheus_rules.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.server
+import json
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version  # type: ignore[import-untyped]
+from promql_exprs import DASHBOARD, RULES
+
+from proxy.config import Config, build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+COMPOSE = DEPLOY / "compose.yaml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+PROMETHEUS_CONFIGS = sorted((DEPLOY / "prometheus").glob("prometheus*.yml"))
+SIDECAR = "streamwarden"
+
+# --- shared readers --------------------------------------------------------------------------------
+
+
+def serve_flags() -> set[str]:
+    """The long options of the real `streamwarden serve` parser."""
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            serve = action.choices["serve"]
+            return {opt for a in serve._actions for opt in a.option_strings if opt.startswith("--")} - {"--help"}
+    raise AssertionError("build_parser() has no subcommands")
+
+
+def flag_of_env(name: str) -> str:
+    return "--" + name.removeprefix("STREAMWARDEN_").lower().replace("_", "-")
+
+
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config)}
+
+
+def effective(env: dict[str, str], flag: str) -> str:
+    """A flag's value as the container would see it: its env var, else Config's default."""
+    name = "STREAMWARDEN_" + flag.upper().replace("-", "_")
+    return env.get(name, str(DEFAULTS[flag.replace("-", "_")]))
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def one(path: Path, kind: str) -> dict[str, Any]:
+    found = [doc for doc in documents(path) if doc["kind"] == kind]
+    assert len(found) == 1, f"{path.name}: expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def containers(path: Path) -> dict[str, dict[str, Any]]:
+    spec = one(path, "Deployment")["spec"]["template"]["spec"]
+    return {c["name"]: c for c in spec["containers"]}
+
+
+def sidecar(path: Path) -> dict[str, Any]:
+    return containers(path)[SIDECAR]
+
+
+def backend(path: Path) -> dict[str, Any]:
+    others = [c for name, c in containers(path).items() if name != SIDECAR]
+    assert len(others) == 1, f"{path.name}: expected one backend container beside {SIDECAR}"
+    return others[0]
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+
+
+def port_number(container: dict[str, Any], port: int | str) -> int:
+    """A probe's or Service's port: a number, or the name of one of the container's ports."""
+    if isinstance(port, int):
+        return port
+    named = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
+    assert port in named, f"port name {port!r} is not one of {SIDECAR}'s ports {sorted(named)}"
+    return int(named[port])
+
+
+def cli_option(args: list[str], name: str) -> str | None:
+    """The value of `--name=v` or `--name v` in an argument list."""
+    for i, arg in enumerate(args):
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+        if arg == f"--{name}" and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def prestop_sleep(container: dict[str, Any]) -> float:
+    handler = container.get("lifecycle", {}).get("preStop", {})
+    if "sleep" in handler:
+        return float(handler["sleep"]["seconds"])
+    command = handler.get("exec", {}).get("command", [])
+    if len(command) == 2 and command[0] == "sleep":
+        return float(command[1])
+    return 0.0
+
+
+def check_flags(names: list[str], args: list[str], where: str) -> None:
+    """Env var names and `serve` arguments name only real flags."""
+    flags = serve_flags()
+    assert "--upstream" in flags, "serve_flags() read the wrong parser"
+    for name in names:
+        if name.startswith("STREAMWARDEN_"):
+            assert flag_of_env(name) in flags, f"{where}: {name} matches no `streamwarden serve` flag"
+    if args:
+        assert args[0] == "serve", f"{where}: arguments must start with the serve subcommand: {args}"
+        for arg in args[1:]:
+            if arg.startswith("--"):
+                assert arg.split("=", 1)[0] in flags, f"{where}: {arg} is not a `streamwarden serve` flag"
+
+
+# --- Kubernetes ----------------------------------------------------------------------------------------
+
+
+def test_there_are_manifests_for_both_backends() -> None:
+    assert {p.name for p in MANIFESTS} >= {"vllm-sidecar.yaml", "llamacpp-sidecar.yaml"}
+
+
+@pytest.mark.parametrize("version", ["1.30.0", latest_version()])
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_manifest_core_kinds_validate(path: Path, version: str) -> None:
+    core = [doc for doc in documents(path) if not doc["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert {doc["kind"] for doc in core} == {"Deployment", "Service"}
+    for doc in core:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_podmonitor_scrapes_the_sidecars_admin_port(path: Path) -> None:
+    monitor = one(path, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    pod_labels = one(path, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    selector = monitor["spec"]["selector"]
+    assert set(selector) == {"matchLabels"}, "only matchLabels is checked here"
+    assert selector["matchLabels"].items() <= pod_labels.items()
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert len(endpoints) == 1
+    env = container_env(sidecar(path))
+    assert port_number(sidecar(path), endpoints[0]["port"]) == int(effective(env, "admin-port"))
+    assert endpoints[0].get("path", "/metrics") == "/metrics"
+    assert all(p.get("name") != endpoints[0]["port"] for p in backend(path).get("ports", []))
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_sidecar_sets_only_real_flags_and_points_at_the_backend(path: Path) -> None:
+    proxy = sidecar(path)
+    assert "command" not in proxy, "the image's ENTRYPOINT is streamwarden"
+    check_flags([e["name"] for e in proxy.get("env", [])], proxy.get("args", []), path.name)
+    upstream = re.fullmatch(r"http://127\.0\.0\.1:(\d+)", container_env(proxy)["STREAMWARDEN_UPSTREAM"])
+    assert upstream, "the sidecar reaches its backend over the pod's loopback"
+    # The backend listens on loopback only, on the port the sidecar forwards to, and declares no port:
+    # nothing but the proxy can reach it.
+    args = [str(a) for a in backend(path).get("args", [])]
+    assert cli_option(args, "host") == "127.0.0.1"
+    assert cli_option(args, "port") == upstream[1]
+    assert not backend(path).get("ports")
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_sidecar_probes_hit_the_admin_endpoints(path: Path) -> None:
+    proxy = sidecar(path)
+    admin_port = int(effective(container_env(proxy), "admin-port"))
+    for probe, endpoint in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = proxy[probe]["httpGet"]
+        assert get["path"] == endpoint
+        assert port_number(proxy, get["port"]) == admin_port
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_backend_outlives_the_proxys_drain(path: Path) -> None:
+    """preStop + drain fit in the grace period, and the backend gets SIGTERM only after the drain."""
+    pod = one(path, "Deployment")["spec"]["template"]["spec"]
+    drain = float(effective(container_env(sidecar(path)), "drain-timeout"))
+    proxy_done = prestop_sleep(sidecar(path)) + drain
+    assert prestop_sleep(sidecar(path)) > 0, "the proxy must leave the endpoints before it stops accepting"
+    assert pod["terminationGracePeriodSeconds"] > proxy_done
+    assert prestop_sleep(backend(path)) > proxy_done, "the backend would stop before the proxy's drain ends"
+    assert pod["terminationGracePeriodSeconds"] > prestop_sleep(backend(path))
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_service_exposes_only_the_proxy_port(path: Path) -> None:
+    service = one(path, "Service")
+    pod_labels = one(path, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (port,) = service["spec"]["ports"]
+    assert port["name"] == "http"
+    main_port = int(effective(container_env(sidecar(path)), "port"))
+    assert port_number(sidecar(path), port.get("targetPort", port["port"])) == main_port
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_sidecar_runs_locked_down(path: Path) -> None:
+    proxy = sidecar(path)
+    context = proxy["securityContext"]
+    assert context["runAsNonRoot"] is True
+    assert context["runAsUser"] == dockerfile_uid()
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert {"cpu", "memory"} <= proxy["resources"]["requests"].keys()
+    assert "memory" in proxy["resources"]["limits"]
+    # A Service named `streamwarden` in the namespace would otherwise inject STREAMWARDEN_PORT=tcp://...
+    assert one(path, "Deployment")["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
+# --- the in-cluster Prometheus scrape job, applied to the manifests' pods ----------------------------
+
+
+def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Prometheus' relabelling (keep, drop, replace) of one target; None when it is dropped."""
+    labels = dict(labels)
+    for config in configs:
+        source = config.get("separator", ";").join(labels.get(n, "") for n in config.get("source_labels", []))
+        match = re.fullmatch(config.get("regex", "(.*)"), source)
+        action = config.get("action", "replace")
+        if action == "keep" and not match:
+            return None
+        if action == "drop" and match:
+            return None
+        if action == "replace" and match:
+            template = re.sub(r"\$\{?(\d+)\}?", r"\\g<\1>", config.get("replacement", "$1"))
+            labels[config["target_label"]] = match.expand(template)
+        assert action in ("keep", "drop", "replace"), f"relabel action {action!r} is not simulated here"
+    return {k: v for k, v in labels.items() if not k.startswith("__") and v}
+
+
+def discovered_targets(path: Path) -> Iterator[dict[str, str]]:
+    """What Kubernetes pod discovery yields for the Deployment's pod: one target per container port."""
+    template = one(path, "Deployment")["spec"]["template"]
+    for container in template["spec"]["containers"]:
+        for port in container.get("ports") or [{}]:
+            meta = {
+                "__address__": f"10.0.0.7:{port.get('containerPort', '')}",
+                "__meta_kubernetes_namespace": "inference",
+                "__meta_kubernetes_pod_name": "pod-1",
+                "__meta_kubernetes_pod_phase": "Running",
+                "__meta_kubernetes_pod_container_name": container["name"],
+                "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                "__meta_kubernetes_pod_container_port_number": str(port.get("containerPort", "")),
+            }
+            for key, value in template["metadata"]["labels"].items():
+                meta["__meta_kubernetes_pod_label_" + re.sub(r"\W", "_", key)] = value
+            yield meta
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_kubernetes_scrape_job_keeps_one_target_per_pod(path: Path) -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-kubernetes.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+    kept = [
+        (meta, labels) for meta in discovered_targets(path)
+        if (labels := relabel(meta, job["relabel_configs"])) is not None
+    ]
+    assert len(kept) == 1
+    meta, labels = kept[0]
+    env = container_env(sidecar(path))
+    assert meta["__meta_kubernetes_pod_container_name"] == SIDECAR
+    assert meta["__meta_kubernetes_pod_container_port_number"] == effective(env, "admin-port")
+    assert labels["pod"] == "pod-1"
+    assert labels["namespace"] == "inference"
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+
+
+def test_kubernetes_scrape_job_drops_pods_that_are_not_running() -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-kubernetes.yml").read_text())
+    meta = next(
+        m for m in discovered_targets(MANIFESTS[0]) if m["__meta_kubernetes_pod_container_name"] == SIDECAR
+        and m["__meta_kubernetes_pod_container_port_name"] == "metrics"
+    )
+    assert relabel(meta, config["scrape_configs"][0]["relabel_configs"]) is not None
+    for phase in ("Pending", "Succeeded", "Failed"):
+        pending = {**meta, "__meta_kubernetes_pod_phase": phase}
+        assert relabel(pending, config["scrape_configs"][0]["relabel_configs"]) is None
+
+
+# --- compose -------------------------------------------------------------------------------------------
+
+
+def compose() -> dict[str, Any]:
+    return dict(yaml.safe_load(COMPOSE.read_text()))
+
+
+def interpolate(text: str) -> str:
+    """Compose's `${VAR:-default}` with the variables unset; a bare `${VAR}` has no value here."""
+    def replace(match: re.Match[str]) -> str:
+        assert match[2] is not None, f"{match[0]} has no default in {text!r}"
+        return match[2]
+
+    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}", replace, text)
+
+
+def compose_env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        return dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def mounts(service: dict[str, Any]) -> dict[str, Path | str]:
+    """container path -> host path (resolved against the compose file's folder) or volume name."""
+    found: dict[str, Path | str] = {}
+    for volume in service.get("volumes", []):
+        source, target = interpolate(volume).split(":")[:2]
+        found[target] = (DEPLOY / source).resolve() if source.startswith((".", "/")) else source
+    return found
+
+
+def published(service: dict[str, Any]) -> dict[int, int]:
+    """container port -> host port, from the short `[ip:]host:container[/proto]` syntax."""
+    ports = {}
+    for entry in service.get("ports", []):
+        *_, host, container = str(entry).split("/")[0].split(":")
+        ports[int(container)] = int(host)
+    return ports
+
+
+def test_compose_builds_and_configures_streamwarden() -> None:
+    services = compose()["services"]
+    proxy = services[SIDECAR]
+    assert (DEPLOY / proxy["build"]["context"]).resolve() == ROOT
+    assert (ROOT / proxy["build"]["dockerfile"]).resolve() == DOCKERFILE
+    env = compose_env(proxy)
+    command = proxy.get("command", [])
+    check_flags(list(env), shlex.split(command) if isinstance(command, str) else command, "compose")
+    assert published(proxy) == {
+        int(effective(env, "port")): int(effective(env, "port")),
+        int(effective(env, "admin-port")): int(effective(env, "admin-port")),
+    }
+    assert {8080, 9464} == set(published(proxy))
+    # The upstream is the llama.cpp service, on the port it listens on.
+    upstream = re.fullmatch(r"http://([\w-]+):(\d+)", env["STREAMWARDEN_UPSTREAM"])
+    assert upstream
+    assert upstream[1] in services
+    assert cli_option([interpolate(str(a)) for a in services[upstream[1]]["command"]], "port") == upstream[2]
+    grace = re.fullmatch(r"(\d+)s", proxy["stop_grace_period"])
+    assert grace
+    assert int(grace[1]) > float(effective(env, "drain-timeout"))
+
+
+def test_compose_model_comes_from_a_documented_volume() -> None:
+    llama = compose()["services"]["llamacpp"]
+    model = cli_option([interpolate(str(a)) for a in llama["command"]], "model")
+    assert model is not None
+    model_dir = str(Path(model).parent)
+    assert model_dir in mounts(llama)
+    for variable in re.findall(r"\$\{(\w+):-", " ".join(llama["volumes"] + llama["command"])):
+        assert variable in COMPOSE.read_text().split("services:")[0], f"{variable} is not documented"
+
+
+def test_compose_prometheus_loads_the_tested_config_and_rules() -> None:
+    services = compose()["services"]
+    volumes = mounts(services["prometheus"])
+    config_path = "/etc/prometheus/prometheus.yml"
+    assert volumes[config_path] == DEPLOY / "prometheus" / "prometheus.yml"
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"], "the compose Prometheus evaluates the alert rules"
+    for rule_file in config["rule_files"]:
+        in_container = str(Path(config_path).parent / rule_file)
+        assert volumes.get(in_container) == RULES, f"{in_container} is not the tested rules file"
+    # The static job scrapes the streamwarden service's admin port.
+    (job,) = config["scrape_configs"]
+    (static,) = job["static_configs"]
+    env = compose_env(services[SIDECAR])
+    assert static["targets"] == [f"{SIDECAR}:{effective(env, 'admin-port')}"]
+
+
+def test_compose_grafana_provisions_the_datasource_and_the_dashboard() -> None:
+    services = compose()["services"]
+    volumes = mounts(services["grafana"])
+    provisioning = volumes["/etc/grafana/provisioning"]
+    assert isinstance(provisioning, Path)
+    assert provisioning == DEPLOY / "grafana" / "provisioning"
+    (datasources,) = [yaml.safe_load(p.read_text()) for p in (provisioning / "datasources").glob("*.y*ml")]
+    (source,) = datasources["datasources"]
+    assert source["type"] == "prometheus"
+    assert source["url"] == "http://prometheus:9090"
+    assert "9090:9090" in services["prometheus"]["ports"]
+    (dashboards,) = [yaml.safe_load(p.read_text()) for p in (provisioning / "dashboards").glob("*.y*ml")]
+    (provider,) = dashboards["providers"]
+    folder = provider["options"]["path"]
+    files = {Path(c).relative_to(folder): h for c, h in volumes.items() if c.startswith(folder + "/")}
+    assert files == {Path("streamwarden.json"): DASHBOARD}
+    assert DASHBOARD.is_file()
+
+
+# --- Dockerfile ----------------------------------------------------------------------------------------
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """Instructions (KEYWORD, arguments) per stage; continuation lines joined, comments dropped."""
+    lines: list[str] = []
+    current = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        if raw.lstrip().startswith("#"):
+            continue
+        current += raw.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        if current.strip():
+            lines.append(current.strip())
+        current = ""
+    stages: list[list[tuple[str, str]]] = []
+    for line in lines:
+        keyword, _, rest = line.partition(" ")
+        if keyword.upper() == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((keyword.upper(), rest.strip()))
+    return stages
+
+
+def final(keyword: str) -> list[str]:
+    return [rest for kw, rest in dockerfile_stages()[-1] if kw == keyword]
+
+
+def dockerfile_uid() -> int:
+    (user,) = final("USER")
+    uid = user.split(":")[0]
+    assert uid.isdigit(), "USER must be numeric, so that Kubernetes' runAsNonRoot can verify it"
+    return int(uid)
+
+
+def test_dockerfile_is_multi_stage_with_a_clean_final_stage() -> None:
+    stages = dockerfile_stages()
+    assert len(stages) >= 2
+    assert all("python:3.12-slim" in stage[0][1] or "${PYTHON_IMAGE}" in stage[0][1] for stage in stages)
+    assert "python:3.12-slim" in DOCKERFILE.read_text()
+    builder = " ".join(rest for _, rest in stages[0])
+    assert "pip wheel --no-deps" in builder
+    assert any(rest.startswith("--from=") for rest in final("COPY")), "the final stage copies the venv"
+    for command in final("RUN"):
+        for tool in ("gcc", "build-essential", "apt-get", "pip install", "pip wheel"):
+            assert tool not in command, f"the final stage runs {tool}"
+    # What the builder copies from the context exists.
+    for rest in (rest for kw, rest in stages[0] if kw == "COPY" and not rest.startswith("--from")):
+        for source in rest.split()[:-1]:
+            assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+
+
+def test_dockerfile_runs_streamwarden_serve_as_non_root() -> None:
+    assert dockerfile_uid() != 0
+    assert [json.loads(e) for e in final("ENTRYPOINT")] == [["streamwarden"]]
+    assert [json.loads(c) for c in final("CMD")] == [["serve"]]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "streamwarden" in scripts
+    exposed = {int(p.split("/")[0]) for line in final("EXPOSE") for p in line.split()}
+    assert exposed == {int(DEFAULTS["port"]), int(DEFAULTS["admin_port"])} == {8080, 9464}
+    env = {m[1]: m[2] for line in final("ENV") for m in re.finditer(r"(\w+)=(\S+)", line)}
+    assert env["STREAMWARDEN_HOST"] == "0.0.0.0"
+    check_flags(list(env), [], "Dockerfile")
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:
+        self.send_response(self.status if self.path == "/healthz" else 404)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("status", "healthy"), [(200, True), (503, False)])
+def test_dockerfile_healthcheck_command_works(status: int, healthy: bool) -> None:
+    """Run the HEALTHCHECK's command against a local /healthz answering `status`."""
+    (healthcheck,) = final("HEALTHCHECK")
+    command = json.loads(healthcheck[healthcheck.index("CMD ") + 4:])
+    assert command[0] == "python", "slim has no curl: the check uses Python"
+    for part in ("http://127.0.0.1:", "'9464'", "/healthz"):
+        assert part in command[-1]
+    handler = type("Handler", (_Health,), {"status": status})
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = subprocess.run(
+            [sys.executable, *command[1:]], capture_output=True, timeout=20, check=False,
+            env={"STREAMWARDEN_ADMIN_PORT": str(server.server_address[1])},
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert (result.returncode == 0) is healthy, result.stderr.decode()

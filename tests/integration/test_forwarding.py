@@ -1,0 +1,246 @@
+"""Transparent forwarding (issue 2): methods, paths, queries, headers, bodies, limits, upstream down."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import socket
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from tests.conftest import AiohttpServer, FakeUpstream, Proxy, ProxyFactory
+
+
+async def _echo(http: aiohttp.ClientSession, url: str | URL, method: str = "GET", **kwargs: Any) -> dict[str, Any]:
+    async with http.request(method, url, **kwargs) as resp:
+        assert resp.status == 200, await resp.text()
+        data: dict[str, Any] = await resp.json()
+        data["_response_headers"] = CIMultiDict(resp.headers)
+        return data
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "PUT", "PATCH", "DELETE"])
+async def test_methods_and_bodies_pass(proxy: Proxy, http: aiohttp.ClientSession, method: str) -> None:
+    body = b"" if method in ("GET", "DELETE") else b'{"payload": "\xc3\xa9t\xc3\xa9"}'
+    echo = await _echo(http, f"{proxy.url}/_fake/echo", method, data=body)
+    assert echo["method"] == method
+    assert echo["path"] == "/_fake/echo"
+    assert base64.b64decode(echo["body"]) == body
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["a=1&b=2", "a=%2F%2f&b=x+y&c=%E2%82%AC&d=&&e", "q=%ZZ%", "list[]=1&list[]=2;x=%20", "s='\"<>`{}|^"],
+)
+async def test_query_string_is_forwarded_byte_for_byte(proxy: Proxy, http: aiohttp.ClientSession, query: str) -> None:
+    url = URL(f"{proxy.url}/_fake/echo?{query}", encoded=True)
+    echo = await _echo(http, url)
+    assert echo["query"] == query
+
+
+async def test_header_rules(proxy: Proxy, http: aiohttp.ClientSession, fake_upstream: FakeUpstream) -> None:
+    headers = {
+        "Connection": "keep-alive, X-Hop",
+        "X-Hop": "secret-hop",
+        "Keep-Alive": "timeout=5",
+        "TE": "trailers",
+        "Trailer": "X-Foo",
+        "Upgrade": "h2c",
+        "Proxy-Authorization": "Basic abc",
+        "Authorization": "Bearer sk-test",
+        "X-Custom": "kept",
+        "X-Forwarded-For": "203.0.113.7",
+        "X-Request-Id": "req-abc-123",
+    }
+    echo = await _echo(http, f"{proxy.url}/_fake/echo", headers=headers)
+    seen = {k.lower(): v for k, v in echo["headers"].items()}
+    for gone in ("x-hop", "keep-alive", "te", "trailer", "upgrade"):
+        assert gone not in seen, gone
+    assert seen["proxy-authorization"] == "Basic abc"
+    assert seen["authorization"] == "Bearer sk-test"
+    assert seen["x-custom"] == "kept"
+    assert seen["host"] == URL(fake_upstream.url).raw_authority
+    assert seen["x-forwarded-for"] == "203.0.113.7, 127.0.0.1"
+    assert seen["x-forwarded-proto"] == "http"
+    assert seen["x-forwarded-host"] == URL(proxy.url).raw_authority
+    assert seen["x-request-id"] == "req-abc-123"
+    assert echo["_response_headers"]["X-Request-Id"] == "req-abc-123"
+
+
+async def test_request_id_is_made_when_absent(proxy: Proxy, http: aiohttp.ClientSession) -> None:
+    echo = await _echo(http, f"{proxy.url}/_fake/echo")
+    made = echo["headers"].get("X-Request-Id") or echo["headers"].get("x-request-id")
+    assert made
+    assert echo["_response_headers"]["X-Request-Id"] == made
+
+
+async def test_hop_by_hop_response_headers_are_dropped(
+    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(
+            text="ok",
+            headers={"Connection": "X-Secret", "X-Secret": "hop", "Retry-After": "3", "X-RateLimit-Limit": "10"},
+        )
+
+    app = web.Application()
+    app.router.add_get("/x", handler)
+    upstream = await aiohttp_server(app)
+    proxy = await make_proxy(upstream=str(upstream.make_url("")).rstrip("/"))
+    async with http.get(f"{proxy.url}/x") as resp:
+        assert await resp.text() == "ok"
+        assert "X-Secret" not in resp.headers
+        assert resp.headers["Retry-After"] == "3"
+        assert resp.headers["X-RateLimit-Limit"] == "10"
+
+
+async def test_upstream_path_prefix(
+    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+) -> None:
+    seen: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(request.raw_path)
+        return web.json_response({"object": "list", "data": []})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    upstream = await aiohttp_server(app)
+    proxy = await make_proxy(upstream=str(upstream.make_url("/prefix")))
+    async with http.get(URL(f"{proxy.url}/v1/models?x=%2F", encoded=True)) as resp:
+        assert resp.status == 200
+    assert seen == ["/prefix/v1/models?x=%2F"]
+
+
+async def test_status_reason_and_rate_limit_headers_pass(proxy: Proxy, http: aiohttp.ClientSession) -> None:
+    async with http.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-fault": "upstream_429"},
+    ) as resp:
+        assert resp.status == 429
+        assert resp.headers["Retry-After"] == "1"
+        assert resp.headers["x-ratelimit-remaining-requests"] == "0"
+        body = await resp.json()
+        assert body["error"]["type"] == "rate_limit_error" or body["error"]["message"]
+
+
+async def test_body_over_the_limit_gets_413_and_reaches_nobody(
+    make_proxy: ProxyFactory, http: aiohttp.ClientSession, fake_upstream: FakeUpstream
+) -> None:
+    proxy = await make_proxy(max_body_size=1024)
+    before = len(fake_upstream.recorder.all())
+    async with http.post(f"{proxy.url}/v1/chat/completions", data=b"x" * 4096) as resp:
+        assert resp.status == 413
+        body = await resp.json()
+        assert body["error"]["type"] == "invalid_request_error"
+        assert "limit" in body["error"]["message"]
+
+    async def chunked() -> Any:
+        for _ in range(8):
+            yield b"y" * 512
+
+    async with http.post(f"{proxy.url}/v1/chat/completions", data=chunked()) as resp:
+        assert resp.status == 413
+    assert len(fake_upstream.recorder.all()) == before
+    assert proxy.log_lines()[-1]["reason"] == "body_too_large"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/anything"])
+async def test_upstream_down_gives_502_json(make_proxy: ProxyFactory, http: aiohttp.ClientSession, path: str) -> None:
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{_closed_port()}")
+    async with http.post(f"{proxy.url}{path}", json={"model": "m", "stream": True}) as resp:
+        assert resp.status == 502
+        assert resp.content_type == "application/json"
+        body = await resp.json()
+        assert body["error"]["message"]
+        assert "Traceback" not in str(body)
+    line = proxy.log_lines()[-1]
+    assert (line["outcome"], line["reason"], line["status"]) == ("error", "connect_failed", 502)
+
+
+async def test_first_byte_timeout_gives_504_json(make_proxy: ProxyFactory, http: aiohttp.ClientSession) -> None:
+    proxy = await make_proxy(first_byte_timeout=0.3)
+    async with http.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "m", "messages": []},
+        headers={"x-fault": "late_headers;delay=5"},
+    ) as resp:
+        assert resp.status == 504
+        body = await resp.json()
+        assert body["error"]["type"] == "timeout_error"
+    assert proxy.log_lines()[-1]["reason"] == "first_byte_timeout"
+
+
+async def test_first_event_reaches_the_client_before_the_upstream_writes_the_second(
+    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+) -> None:
+    go_on = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n')
+        await asyncio.wait_for(go_on.wait(), 10)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    upstream = await aiohttp_server(app)
+    proxy = await make_proxy(upstream=str(upstream.make_url("")).rstrip("/"))
+    async with http.post(f"{proxy.url}/v1/chat/completions", json={"stream": True}) as resp:
+        first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
+        assert b'"content":"a"' in first
+        go_on.set()
+        rest = await asyncio.wait_for(resp.content.read(), 5)
+    assert rest.endswith(b"data: [DONE]\n\n")
+
+
+async def test_hundred_concurrent_streams(proxy: Proxy, http: aiohttp.ClientSession) -> None:
+    async def one(i: int) -> bytes:
+        async with http.post(
+            f"{proxy.url}/v1/chat/completions",
+            json={"model": "m", "stream": True, "max_tokens": 20, "messages": [{"role": "user", "content": str(i)}]},
+        ) as resp:
+            assert resp.status == 200
+            return await resp.read()
+
+    bodies = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(100))), 60)
+    assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
+    lines = proxy.log_lines()
+    assert len(lines) == 100
+    assert {(line["outcome"], line["reason"]) for line in lines} == {("ok", "complete")}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+async def test_large_download_streams_with_flat_memory(proxy: Proxy, http: aiohttp.ClientSession) -> None:
+    size = 200 * 1024 * 1024
+    baseline = _rss_bytes()
+    peak = baseline
+    received = 0
+    async with http.get(f"{proxy.url}/_fake/download?bytes={size}") as resp:
+        assert resp.status == 200
+        async for chunk in resp.content.iter_chunked(256 * 1024):
+            received += len(chunk)
+            peak = max(peak, _rss_bytes()) if received % (8 * 1024 * 1024) < len(chunk) else peak
+    assert received == size
+    assert peak - baseline < 32 * 1024 * 1024, f"RSS grew by {(peak - baseline) / 2**20:.1f} MiB"

@@ -1,0 +1,78 @@
+"""Flags, environment variables and their validation (design section 8)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import SERVE_FLAGS, Config, ConfigError, build_parser, config_from_args, parse_size
+
+
+def _config(argv: list[str], env: dict[str, str] | None = None) -> Config:
+    return config_from_args(build_parser().parse_args(["serve", *argv]), env or {})
+
+
+def test_defaults_match_the_design() -> None:
+    cfg = _config(["--upstream", "http://127.0.0.1:8000"])
+    assert cfg == Config(upstream="http://127.0.0.1:8000")
+    assert (cfg.port, cfg.admin_port, cfg.idle_timeout, cfg.hold_headers) == (8080, 9464, 120.0, 10.0)
+    assert cfg.max_body_size == 64 * 1024 * 1024
+    assert cfg.on_abandon == "cancel"
+
+
+def test_every_flag_reads_its_environment_variable_and_the_flag_wins() -> None:
+    env = {"STREAMWARDEN_UPSTREAM": "http://backend:8000/prefix/", "STREAMWARDEN_IDLE_TIMEOUT": "7.5",
+           "STREAMWARDEN_MAX_BODY_SIZE": "1KiB", "STREAMWARDEN_PORT": "9000"}
+    cfg = _config(["--port", "9100"], env)
+    assert cfg.upstream == "http://backend:8000/prefix"
+    assert cfg.idle_timeout == 7.5
+    assert cfg.max_body_size == 1024
+    assert cfg.port == 9100
+
+
+def test_flag_table_and_config_fields_agree() -> None:
+    fields = set(Config.__dataclass_fields__) - {"max_event_size"}
+    assert {flag.replace("-", "_") for flag in SERVE_FLAGS} == fields
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        ([], "--upstream is required"),
+        (["--upstream", "ftp://x"], "--upstream"),
+        (["--upstream", "localhost:8000"], "--upstream"),
+        (["--upstream", "http://x", "--idle-timeout", "-1"], "--idle-timeout"),
+        (["--upstream", "http://x", "--idle-timeout", "0"], "--idle-timeout"),
+        (["--upstream", "http://x", "--port", "70000"], "--port"),
+        (["--upstream", "http://x", "--admin-port", "abc"], "--admin-port"),
+        (["--upstream", "http://x", "--port", "9464"], "--admin-port"),
+        (["--upstream", "http://x", "--max-body-size", "lots"], "--max-body-size"),
+        (["--upstream", "http://x", "--on-abandon", "ignore"], "--on-abandon"),
+        (["--upstream", "http://x", "--health-path", "v1/models"], "--health-path"),
+        (["--upstream", "http://x", "--model-label-limit", "0"], "--model-label-limit"),
+        (["--upstream", "http://x", "--hold-headers", "nan"], "--hold-headers"),
+    ],
+)
+def test_bad_values_name_the_flag(argv: list[str], names: str) -> None:
+    with pytest.raises(ConfigError, match=names.replace("-", r"\-")):
+        _config(argv)
+
+
+def test_bad_environment_value_names_flag_and_variable() -> None:
+    with pytest.raises(ConfigError, match="STREAMWARDEN_CONNECT_TIMEOUT") as info:
+        _config(["--upstream", "http://x"], {"STREAMWARDEN_CONNECT_TIMEOUT": "soon"})
+    assert "--connect-timeout" in str(info.value)
+    assert "'soon'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1048576", 1048576), ("64MiB", 64 * 2**20), ("512k", 512_000), ("2 GiB", 2 * 2**30), ("1.5KiB", 1536)],
+)
+def test_sizes(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+def test_redacted_upstream_hides_the_password() -> None:
+    cfg = Config(upstream="http://user:secret@backend:8000")
+    assert "secret" not in cfg.redacted_upstream()
+    assert "user" in cfg.redacted_upstream()
