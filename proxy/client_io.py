@@ -41,17 +41,22 @@ class ClientWriter:
     async def write(self, data: bytes) -> None:
         if not self.response.prepared:
             await self.commit()
-        if self._has_room():
+        if self._has_room(len(data)):
             await self.response.write(data)  # cannot block: no timer needed on the hot path
         else:
             await self._guarded(self.response.write(data))
         self.ex.bytes_out += len(data)
 
-    def _has_room(self) -> bool:
+    def _has_room(self, size: int) -> bool:
+        """The write cannot wait: the transport is not paused and this write will not pause it.
+
+        A paused transport holds more than the low-water mark (it resumes only below it), so a
+        buffer that stays at or below the low mark after this write proves no drain will block.
+        """
         transport = self.request.transport
         if transport is None:
             return True  # the write will raise on its own
-        return transport.get_write_buffer_size() < transport.get_write_buffer_limits()[1]
+        return transport.get_write_buffer_size() + size <= transport.get_write_buffer_limits()[0]
 
     async def _guarded(self, operation: Awaitable[object]) -> None:
         try:

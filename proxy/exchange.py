@@ -48,6 +48,7 @@ class Exchange:
     upstream_cancelled: str | None = None  # cancellation reason, when the proxy cancelled the upstream
     rewrites: list[str] = field(default_factory=list)
     committed: bool = False  # the client has received the status line
+    drained: bool = False  # --on-abandon drain read the upstream to its end after the client left
     interrupt: str | None = None  # set by the server (e.g. "shutdown") just before it cancels the handler
 
     def settle(self, outcome: str, reason: str) -> None:

@@ -11,13 +11,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from .abandon import drain_stream, drain_whole
 from .body_io import respond_whole
+from .config import Config
 from .dialects import Dialect, RequestInfo, for_request, inspect_request
 from .errors import BodyTooLarge, ProxyError, upstream_request_errors
 from .exchange import Exchange, Phase
+from .guard import StreamGuard
 from .headers import request_headers
 from .state import STATE, ProxyState
 from .stream_io import pump_stream
@@ -63,13 +67,27 @@ async def handle(request: web.Request) -> web.StreamResponse:
             resp.force_close()  # the rest of the body is unread
         return resp
     except asyncio.CancelledError:
+        if ex.interrupt is not None and not ex.committed and _uncancelled():
+            # Shutdown reached an exchange that has sent nothing yet: a real 503 it can retry.
+            ex.settle("error", ex.interrupt)
+            ex.cancelled(ex.interrupt)
+            ex.status = 503
+            resp = error_response(dialect, 503, "the proxy is shutting down", ex.interrupt, request_id)
+            resp.force_close()
+            return resp
         ex.settle("aborted", "client_disconnect")
-        if ex.phase == Phase.AWAITING_HEADERS or ex.phase == Phase.RESPONDING:
+        if ex.phase in (Phase.AWAITING_HEADERS, Phase.RESPONDING) and not ex.drained:
             ex.cancelled(ex.interrupt or "client_disconnect")
         raise
     finally:
         state.untrack(task)
         state.recorder.finish(ex)
+
+
+def _uncancelled() -> bool:
+    """Absorb the one cancellation that interrupted this task; False if more are pending."""
+    task = asyncio.current_task()
+    return task is not None and task.uncancel() == 0
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -103,9 +121,13 @@ async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, e
     ex.phase = Phase.AWAITING_HEADERS
     with upstream_request_errors(cfg.connect_timeout, cfg.first_byte_timeout):
         async with asyncio.timeout(cfg.first_byte_timeout):
-            upstream = await state.upstream_session.request(
+            sending = state.upstream_session.request(
                 request.method, url, data=data, headers=headers, allow_redirects=False
             )
+            if cfg.on_abandon == "drain":
+                upstream = await _outlasting_the_client(asyncio.ensure_future(sending), dialect, info, ex, cfg)
+            else:
+                upstream = await sending
     ex.phase = Phase.RESPONDING
     ex.upstream_status = upstream.status
     finished_cleanly = False
@@ -115,7 +137,7 @@ async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, e
             ex.stream = True
             resp = await pump_stream(request, upstream, state, dialect, ex)
         else:
-            resp = await respond_whole(request, upstream, state, dialect, info, ex)
+            resp = await _whole_or_drain(request, upstream, state, dialect, info, ex)
         finished_cleanly = upstream.content.is_eof()
         return resp
     finally:
@@ -124,3 +146,61 @@ async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, e
         else:
             upstream.close()
 
+
+
+async def _outlasting_the_client(
+    sending: asyncio.Future[aiohttp.ClientResponse], dialect: Dialect, info: RequestInfo, ex: Exchange, cfg: Config
+) -> aiohttp.ClientResponse:
+    """--on-abandon drain: if the client leaves while the upstream works, let the upstream finish.
+
+    The request runs as its own future so the client's departure (which cancels this handler) does
+    not cancel it; its answer is then read only for its usage, and the client's cancellation goes on.
+    """
+    try:
+        return await asyncio.shield(sending)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if ex.interrupt is not None or task is None or task.uncancel() > 0:
+            sending.cancel()
+            raise
+        ex.settle("aborted", "client_disconnect")
+        ex.drained = True
+        try:
+            upstream = await sending  # still under --first-byte-timeout
+        except (aiohttp.ClientError, OSError):
+            raise asyncio.CancelledError from None
+        try:
+            if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+                guard = StreamGuard(dialect, hold=False, max_event_size=cfg.max_event_size)
+                await drain_stream(upstream.content, guard, cfg.idle_timeout)
+                if guard.usage is not None:
+                    ex.prompt_tokens = guard.usage.prompt_tokens
+                    ex.completion_tokens = guard.usage.completion_tokens
+                ex.content_events = guard.content_events
+            else:
+                await drain_whole(upstream, dialect, info, ex, cfg.max_body_size, cfg.idle_timeout)
+        finally:
+            upstream.close()
+        raise asyncio.CancelledError from None
+
+
+async def _whole_or_drain(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    state: ProxyState,
+    dialect: Dialect,
+    info: RequestInfo,
+    ex: Exchange,
+) -> web.StreamResponse:
+    """A whole body; with --on-abandon drain, a client leaving mid-body still gets its usage read."""
+    try:
+        return await respond_whole(request, upstream, state, dialect, info, ex)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        cfg = state.config
+        if cfg.on_abandon != "drain" or ex.interrupt is not None or task is None or task.uncancel() > 0:
+            raise
+        ex.settle("aborted", "client_disconnect")
+        ex.drained = True
+        await drain_whole(upstream, dialect, info, ex, cfg.max_body_size, cfg.idle_timeout)
+        raise

@@ -15,6 +15,7 @@ import time
 import aiohttp
 from aiohttp import web
 
+from .abandon import drain_stream
 from .client_io import ClientStalled, ClientWriter
 from .dialects import Dialect
 from .exchange import Exchange
@@ -90,7 +91,13 @@ async def pump_stream(
         out.abort()
     except asyncio.CancelledError:
         task = asyncio.current_task()
-        if ex.interrupt is None or task is None or task.uncancel() > 0:
+        if task is None or task.uncancel() > 0:
+            raise  # cancelled for more than one reason: just unwind
+        if ex.interrupt is None:  # the client left
+            if cfg.on_abandon == "drain":
+                ex.settle("aborted", "client_disconnect")
+                ex.drained = True
+                await drain_stream(reader, guard, cfg.idle_timeout)
             _count(guard, ex)
             raise
         # The server asked this stream to end (shutdown): finish it with the dialect's error frame.

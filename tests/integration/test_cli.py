@@ -8,7 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -66,33 +66,56 @@ async def _wait_listening(port: int, proc: asyncio.subprocess.Process) -> None:
             return
 
 
+async def _until_not_ready(http: aiohttp.ClientSession, admin_port: int) -> None:
+    async with asyncio.timeout(5):
+        while True:
+            async with http.get(f"http://127.0.0.1:{admin_port}/readyz") as ready:
+                if ready.status == 503:
+                    return
+            await asyncio.sleep(0.02)
+
+
+Served = tuple[int, int, asyncio.subprocess.Process]
+
+
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[int, int, asyncio.subprocess.Process]]:
-    fake_port, port, admin_port = _free_port(), _free_port(), _free_port()
-    fake = await asyncio.create_subprocess_exec(
-        PY, "-m", "proxy", "fake-upstream", "--port", str(fake_port), "--token-rate", "0",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )
-    env = {**os.environ, "STREAMWARDEN_UPSTREAM": f"http://127.0.0.1:{fake_port}"}
-    proxy = await asyncio.create_subprocess_exec(
-        PY, "-m", "proxy", "serve", "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin_port),
-        "--drain-timeout", "5", env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )
-    try:
+async def serve_factory() -> AsyncIterator[Callable[..., Awaitable[Served]]]:
+    """Start the fake upstream and `streamwarden serve` as subprocesses on free ports."""
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start(*flags: str) -> Served:
+        fake_port, port, admin_port = _free_port(), _free_port(), _free_port()
+        fake = await asyncio.create_subprocess_exec(
+            PY, "-m", "proxy", "fake-upstream", "--port", str(fake_port), "--token-rate", "0",
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )
+        procs.append(fake)
+        env = {**os.environ, "STREAMWARDEN_UPSTREAM": f"http://127.0.0.1:{fake_port}"}
+        proxy = await asyncio.create_subprocess_exec(
+            PY, "-m", "proxy", "serve", "--host", "127.0.0.1", "--port", str(port), "--admin-port",
+            str(admin_port), *flags, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )
+        procs.append(proxy)
         await _wait_listening(fake_port, fake)
         await _wait_listening(port, proxy)
         await _wait_listening(admin_port, proxy)
-        yield port, admin_port, proxy
+        return port, admin_port, proxy
+
+    try:
+        yield start
     finally:
-        for proc in (proxy, fake):
+        for proc in procs:
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()
 
 
-async def test_serve_forwards_and_exits_cleanly_on_sigterm(
-    served: tuple[int, int, asyncio.subprocess.Process],
-) -> None:
+@pytest.fixture
+async def served(serve_factory: Callable[..., Awaitable[Served]]) -> Served:
+    return await serve_factory("--drain-timeout", "5")
+
+
+async def test_serve_forwards_and_exits_cleanly_on_sigterm(served: Served) -> None:
     port, admin_port, proc = served
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
         async with http.post(
@@ -116,3 +139,51 @@ async def test_serve_forwards_and_exits_cleanly_on_sigterm(
     assert '"event":"started"' in log
     assert '"event":"request"' in log
     assert "Traceback" not in log
+
+
+async def test_sigterm_drains_streams_then_ends_them_with_a_shutdown_frame(
+    serve_factory: Callable[..., Awaitable[Served]],
+) -> None:
+    port, admin_port, proc = await serve_factory("--drain-timeout", "1", "--hold-headers", "0")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+        streams = []
+        for path, body in [
+            ("/v1/chat/completions", {"model": "m", "stream": True, "messages": []}),
+            ("/v1/messages", {"model": "m", "stream": True, "max_tokens": 16, "messages": []}),
+        ]:
+            resp = await http.post(f"http://127.0.0.1:{port}{path}", json=body,
+                                   headers={"x-fault": "slow;rate=10;tokens=1000"})
+            assert resp.status == 200
+            await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
+            streams.append(resp)
+        signalled = asyncio.get_running_loop().time()
+        proc.send_signal(signal.SIGTERM)
+        await _until_not_ready(http, admin_port)  # /readyz turns 503 at once
+        with pytest.raises(aiohttp.ClientConnectionError):  # the listener is closed
+            async with http.get(f"http://127.0.0.1:{port}/v1/models"):
+                pass
+        tails = [await asyncio.wait_for(resp.content.read(), 10) for resp in streams]
+        elapsed = asyncio.get_running_loop().time() - signalled
+    assert 0.9 < elapsed < 5, elapsed  # ran on for the drain time, not longer
+    assert b'"code":"shutdown"' in tails[0]
+    assert tails[0].endswith(b"data: [DONE]\n\n")
+    assert tails[1].rstrip(b"\n").splitlines()[-2:][0] == b"event: error"
+    assert await asyncio.wait_for(proc.wait(), 15) == 0
+    assert proc.stderr is not None
+    log = (await proc.stderr.read()).decode()
+    assert log.count('"reason":"shutdown"') == 2
+    assert "Traceback" not in log
+
+
+async def test_second_signal_stops_at_once(serve_factory: Callable[..., Awaitable[Served]]) -> None:
+    port, admin_port, proc = await serve_factory("--drain-timeout", "30")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+        resp = await http.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                               json={"model": "m", "stream": True, "messages": []},
+                               headers={"x-fault": "slow;rate=10;tokens=1000"})
+        await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
+        proc.send_signal(signal.SIGTERM)
+        await _until_not_ready(http, admin_port)  # the first signal started the drain
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        resp.close()
