@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -51,9 +52,22 @@ class Proxy:
         lines = [orjson.loads(line) for line in self.log.getvalue().splitlines() if line.strip()]
         return [line for line in lines if line.get("event") == event]
 
+    async def settled(self, within: float = 10.0) -> list[dict[str, Any]]:
+        """Wait until no exchange is in flight (their log lines are then written); return the lines."""
+        async with asyncio.timeout(within):
+            await self.state.idle.wait()
+        return self.log_lines()
+
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
         value = self.state.metrics.registry.get_sample_value(name, labels or {})
         return value or 0.0
+
+
+async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
+    """Poll state that no event announces (another process, the kernel's fd table), bounded."""
+    async with asyncio.timeout(within):
+        while not predicate():  # noqa: ASYNC110 - nothing to wait on but the state itself
+            await asyncio.sleep(0.01)
 
 
 @pytest.fixture

@@ -22,10 +22,9 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 async def _wait_log(proxy: Proxy, count: int) -> list[dict[str, Any]]:
     """The exchange's log line is written when its handler unwinds, just after the close."""
-    async with asyncio.timeout(5):
-        while len(proxy.log_lines()) < count:
-            await asyncio.sleep(0.01)
-    return proxy.log_lines()
+    lines = await proxy.settled()
+    assert len(lines) == count
+    return lines
 
 
 async def test_cancel_while_streaming(proxy: Proxy, fake_upstream: FakeUpstream, http: aiohttp.ClientSession) -> None:
@@ -94,7 +93,7 @@ async def test_cancel_during_non_stream_generation(
 
 async def test_client_leaves_while_sending_its_body(proxy: Proxy, fake_upstream: FakeUpstream) -> None:
     host, port = proxy.server.host, proxy.server.port
-    reader, writer = await asyncio.open_connection(host, port)
+    _reader, writer = await asyncio.open_connection(host, port)
     writer.write(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: 100000\r\n\r\n{\"model\": \"m\", "
@@ -170,7 +169,6 @@ async def test_keepalive_comments_do_not_break_the_sdks(make_proxy: ProxyFactory
         ) as mstream:
             message = await mstream.get_final_message()
     assert message.stop_reason is not None
-    assert b": keep-alive" in proxy.state.metrics.render() or True  # comments are not counted anywhere
 
 
 async def test_client_that_stops_reading_is_cut_and_upstream_cancelled(
