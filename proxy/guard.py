@@ -83,6 +83,7 @@ class StreamGuard:
         "content_events",
         "events",
         "rewrites",
+        "saw_id",
     )
 
     def __init__(self, dialect: Dialect, *, hold: bool, max_event_size: int = 8 * 1024 * 1024) -> None:
@@ -98,6 +99,7 @@ class StreamGuard:
         self.events = 0  # upstream events forwarded, comments and dropped events not included
         self.content_events = 0
         self.rewrites: list[str] = []
+        self.saw_id = False  # an upstream `id:` line was forwarded (see `keepalive_safe`)
 
     @property
     def usage(self) -> Usage | None:
@@ -106,6 +108,15 @@ class StreamGuard:
     @property
     def done(self) -> bool:
         return self._done
+
+    @property
+    def keepalive_safe(self) -> bool:
+        """Whether a `: keep-alive` comment can be sent now.
+
+        After an `id:` line the Python SDKs turn every later blank line into an empty event, which
+        openai-python fails to parse; the Anthropic SDK skips empty events.
+        """
+        return not self.saw_id or self._dialect.anthropic
 
     # ---- the four inputs ------------------------------------------------------------------------
 
@@ -177,6 +188,8 @@ class StreamGuard:
         for item in items:
             if isinstance(item, StatusBlock):
                 return self._stray(step, out, item)
+            if item.id is not None:
+                self.saw_id = True
             kind = stream.classify(item)
             if kind is Kind.CONTENT:
                 out.append(item.raw)
@@ -267,6 +280,8 @@ class StreamGuard:
         else:
             body = self._dialect.error_body(status, message, code or reason)
             step.failure = Failure(status, body, headers or {})
+            if rewrite is not None:  # the cause counts too: alerts on stray blocks must see them
+                self.rewrites.append(rewrite)
             self.rewrites.append("late_commit_status")
             self._held = []
             self._held_events = 0

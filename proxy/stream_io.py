@@ -70,7 +70,8 @@ async def pump_stream(
                     ex.cancelled("stall_timeout")
                     step = guard.fail("stall_timeout")
                 else:
-                    await out.write(KEEPALIVE)
+                    if guard.keepalive_safe:
+                        await out.write(KEEPALIVE)
                     last_sent = now
                     continue
             except _READ_ERRORS:

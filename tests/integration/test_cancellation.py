@@ -13,8 +13,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
-from tests.conftest import FakeUpstream, Proxy, ProxyFactory
+from tests.conftest import AiohttpServer, FakeUpstream, Proxy, ProxyFactory
 
 BOUND = 0.5
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -240,3 +241,35 @@ async def test_on_abandon_drain_while_awaiting_headers(
     assert record.completed
     line = (await _wait_log(proxy, 1))[-1]
     assert (line["outcome"], line["upstream_cancelled"], line["completion_tokens"]) == ("aborted", False, 20)
+
+
+async def test_no_keepalive_after_an_upstream_id_line(
+    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory
+) -> None:
+    """After `id:` a comment would become an empty event that openai-python fails to parse."""
+    import openai
+
+    release = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'id: 1\ndata: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n')
+        await asyncio.wait_for(release.wait(), 10)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    upstream = await aiohttp_server(app)
+    proxy = await make_proxy(upstream=str(upstream.make_url("")).rstrip("/"), keepalive_interval=0.02)
+    async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        first = await anext(aiter(stream))
+        # Several keep-alive intervals of silence pass while the client waits for the next chunk.
+        asyncio.get_running_loop().call_later(0.2, release.set)
+        rest = [chunk async for chunk in stream]
+    assert first.choices[0].delta.content == "a"
+    assert rest[-1].choices[0].finish_reason == "stop"
