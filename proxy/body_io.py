@@ -65,24 +65,24 @@ async def respond_whole(
 ) -> web.StreamResponse:
     cfg = state.config
     head = b""
+    verdict = _plain_verdict(upstream.status)
     if _judged(request, upstream, dialect):
         head, whole = await _read_bounded(upstream, cfg.max_body_size, cfg.idle_timeout)
-        if whole:
-            verdict = judge_body(dialect, info, upstream.status, upstream.headers.get("Content-Type"), head)
-            ex.settle(verdict.outcome, verdict.reason)
-            if verdict.usage is not None:
-                ex.prompt_tokens = verdict.usage.prompt_tokens
-                ex.completion_tokens = verdict.usage.completion_tokens
-            if verdict.replacement is not None:
-                status, body = verdict.replacement
+        if whole:  # a body beyond --max-body-size is passed on unjudged
+            judged = judge_body(dialect, info, upstream.status, upstream.headers.get("Content-Type"), head)
+            verdict = judged.outcome, judged.reason
+            if judged.usage is not None:
+                ex.prompt_tokens = judged.usage.prompt_tokens
+                ex.completion_tokens = judged.usage.completion_tokens
+            if judged.replacement is not None:
+                ex.settle(*verdict)
+                status, body = judged.replacement
                 headers = response_headers(upstream.headers, body_rewritten=True)
                 headers["X-Request-Id"] = ex.request_id
                 ex.status = status
                 ex.bytes_out = len(body)
                 return web.Response(status=status, body=body, content_type="application/json", headers=headers)
-    else:
-        ex.settle(*_plain_verdict(upstream.status))
-    return await _copy_through(request, upstream, state, ex, head)
+    return await _copy_through(request, upstream, state, ex, head, verdict)
 
 
 def _plain_verdict(status: int) -> tuple[str, str]:
@@ -94,9 +94,17 @@ def _plain_verdict(status: int) -> tuple[str, str]:
 
 
 async def _copy_through(
-    request: web.Request, upstream: aiohttp.ClientResponse, state: ProxyState, ex: Exchange, head: bytes
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    state: ProxyState,
+    ex: Exchange,
+    head: bytes,
+    verdict: tuple[str, str],
 ) -> web.StreamResponse:
-    """Status, headers and body as the upstream sent them, `head` (already read) first."""
+    """Status, headers and body as the upstream sent them, `head` (already read) first.
+
+    `verdict` is the outcome if the copy completes; a broken upstream or client overrides it.
+    """
     cfg = state.config
     headers = response_headers(upstream.headers, body_rewritten=False)
     headers["X-Request-Id"] = ex.request_id
@@ -115,16 +123,16 @@ async def _copy_through(
                     chunk = await reader.read(_CHUNK)
             except (*_READ_ERRORS, TimeoutError):
                 # Nothing in HTTP/1.1 can tell the client that a plain body broke except a cut.
-                ex.outcome = None
                 ex.settle("error", "stream_cut")
                 out.abort()
                 break
             if not chunk:
+                ex.settle(*verdict)
                 break
             await out.write(chunk)
-    except ClientStalled:
-        ex.outcome = None
-        ex.settle("aborted", "client_stalled")
-        ex.cancelled("client_stalled")
+    except (ClientStalled, ConnectionError) as exc:
+        reason = "client_stalled" if isinstance(exc, ClientStalled) else "client_disconnect"
+        ex.settle("aborted", reason)
+        ex.cancelled(reason)
         out.abort()
     return response

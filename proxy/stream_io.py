@@ -90,6 +90,11 @@ async def pump_stream(
         ex.settle("aborted", "client_stalled")
         ex.cancelled("client_stalled")
         out.abort()
+    except ConnectionError:
+        # A write found the client's socket closed before aiohttp noticed the close itself.
+        ex.settle("aborted", "client_disconnect")
+        ex.cancelled("client_disconnect")
+        out.abort()
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is None or task.uncancel() > 0:

@@ -244,3 +244,19 @@ async def test_large_download_streams_with_flat_memory(proxy: Proxy, http: aioht
             peak = max(peak, _rss_bytes()) if received % (8 * 1024 * 1024) < len(chunk) else peak
     assert received == size
     assert peak - baseline < 32 * 1024 * 1024, f"RSS grew by {(peak - baseline) / 2**20:.1f} MiB"
+
+
+async def test_json_body_beyond_the_bound_passes_unjudged(
+    make_proxy: ProxyFactory, fake_upstream: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    proxy = await make_proxy(max_body_size=2048)
+    body = {"model": "m", "input": [f"text {i}" for i in range(60)]}
+    async with http.post(f"{fake_upstream.url}/v1/embeddings", json=body) as resp:
+        direct = await resp.read()
+    async with http.post(f"{proxy.url}/v1/embeddings", json=body) as resp:
+        assert resp.status == 200
+        through = await resp.read()
+    assert len(direct) > 2048
+    assert through == direct
+    line = (await proxy.settled())[-1]
+    assert (line["outcome"], line["reason"], line["bytes_out"]) == ("ok", "complete", len(direct))
