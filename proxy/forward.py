@@ -19,7 +19,7 @@ from .abandon import drain_stream, drain_whole
 from .body_io import respond_whole
 from .config import Config
 from .dialects import Dialect, RequestInfo, for_request, inspect_request
-from .errors import BodyTooLarge, ProxyError, upstream_request_errors
+from .errors import BodyTooLarge, FirstByteTimeout, ProxyError, upstream_request_errors
 from .exchange import Exchange, Phase
 from .guard import StreamGuard
 from .headers import request_headers
@@ -61,6 +61,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return await _exchange(request, state, dialect, ex)
     except ProxyError as exc:
         ex.settle("error", exc.reason)
+        if isinstance(exc, FirstByteTimeout):
+            ex.cancelled("first_byte_timeout")
         ex.status = exc.status
         resp = error_response(dialect, exc.status, exc.message, exc.reason, request_id)
         if isinstance(exc, BodyTooLarge):

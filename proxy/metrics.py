@@ -11,7 +11,16 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import __version__
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "ModelLabels"]
+__all__ = ["APIS", "CANCELLATION_REASONS", "CONTENT_TYPE_LATEST", "REWRITE_REASONS", "Metrics", "ModelLabels"]
+
+APIS = ("chat_completions", "completions", "responses", "messages", "embeddings", "models", "other")
+CANCELLATION_REASONS = (
+    "client_disconnect", "client_stalled", "stall_timeout", "first_byte_timeout", "shutdown", "upstream_error",
+)
+REWRITE_REASONS = (
+    "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
+    "malformed_event", "oversized_event", "late_commit_status",
+)
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -77,6 +86,15 @@ class Metrics:
         self.upstream_up = Gauge("streamwarden_upstream_up", "1 when the last upstream probe answered.", registry=r)
         self.build_info = Gauge("streamwarden_build_info", "Always 1; carries the version.", ["version"], registry=r)
         self.build_info.labels(version=__version__).set(1)
+        self.upstream_up.set(0)
+        # Series that alerts take `increase()` of must exist at 0 before their first event, or the
+        # first stall or stray block of a pod would never be seen. These label sets are fixed.
+        for api in APIS:
+            self.inflight.labels(api=api)
+            for reason in REWRITE_REASONS:
+                self.rewrites.labels(api=api, reason=reason)
+            for reason in CANCELLATION_REASONS:
+                self.cancellations.labels(api=api, reason=reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
