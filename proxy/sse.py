@@ -18,7 +18,8 @@ Two choices the spec leaves to us:
   the fields parsed never change. If the stream ends right after such an LF, ``close()`` returns it as
   a field-less ``Event(raw=b"\\n")`` rather than dropping it.
 * **A stray HTTP response in the body** (a backend that wrote a second status line after an error) is
-  returned as a ``StatusBlock``; a partial event before it is discarded. Its body is bounded by
+  returned as a ``StatusBlock``; a partial event before it is discarded (if that partial began with a
+  CRLF's LF as above, the LF is returned first as ``Event(raw=b"\\n")``). Its body is bounded by
   ``Content-Length`` when given; otherwise it ends at the first empty line after some body content (a
   backend that keeps the socket open must not hang us) or, failing that, at the end of the stream.
   SSE parsing then resumes.
@@ -111,7 +112,7 @@ class SSEReader:
         if n and not self._at_start:
             h = _find_status(self._buf, self._lead, n)
             if h >= 0:
-                return h
+                return h - self._lead
         return n
 
     def feed(self, chunk: bytes) -> list[Event | StatusBlock]:
@@ -158,7 +159,8 @@ class SSEReader:
         i = _find_blank(data, h)
         head_end = _blank_end(data, i) if i >= 0 else n
         status, reason, headers = _parse_head(data, h, head_end)
-        return [StatusBlock(bytes(data[h:]), status, reason, headers, bytes(data[head_end:]))]
+        block = StatusBlock(bytes(data[h:]), status, reason, headers, bytes(data[head_end:]))
+        return [Event(b"\n"), block] if lead else [block]
 
     def _strip_bom(self, chunk: bytes) -> bytes:
         """Drop one BOM at the very start of the stream, even if it arrives a byte at a time."""
@@ -213,6 +215,8 @@ class SSEReader:
                         # that the body (which Content-Length counts exactly) starts in the right place.
                         self._scan = start - pos
                         break
+                    if self._lead:  # a CRLF's LF (see the module docstring) is not part of what is dropped
+                        items.append(Event(b"\n"))
                     self._begin_status(data, h, end)
                     pos = h  # the partial event before the status line is discarded
                     continue

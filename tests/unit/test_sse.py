@@ -4,6 +4,7 @@ against a deliberately naive reference parser on random streams (hypothesis)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -34,24 +35,34 @@ def run(chunks: Sequence[bytes], max_event_size: int = 1 << 20) -> Outcome:
     return Outcome(fed, pending, reader.close())
 
 
-def canonical(out: Outcome) -> list[Item]:
-    """Give a CR-LF pair cut by a chunk boundary back to the item that the CR ended.
+def canonical(stream: bytes, out: Outcome) -> tuple[list[Item], int]:
+    """Items and pending bytes as if a CR-LF pair cut by a chunk boundary had stayed together.
 
     The reader dispatches a block ending in CR at once and puts a following LF at the start of the
-    next item (or, at the end of the stream, returns it alone from close()); fed whole, the LF stays
-    with the CR. Everything else must be identical, so a lone-LF item from feed() is never merged.
+    next item, or of the partial event still pending, or returns it alone (from close(), or before a
+    status block); fed whole, the LF stays with the CR. Everything else must be identical, so other
+    lone-LF items (blank lines) are never merged.
     """
     items: list[Item] = []
-    for n, item in enumerate(out.fed + out.closed):
+    seq = out.fed + out.closed
+    for n, item in enumerate(seq):
         if item.raw.startswith(b"\n") and items and items[-1].raw.endswith(b"\r"):
-            if len(item.raw) == 1 and n == len(out.fed):  # the LF that close() handed back
+            # a lone LF handed back by close(), or before a status block that ended a partial event
+            before_status = any(isinstance(i, StatusBlock) for i in seq[n + 1 : n + 2])
+            if len(item.raw) == 1 and (n == len(out.fed) or before_status):
                 items[-1] = dataclasses.replace(items[-1], raw=items[-1].raw + b"\n")
                 continue
             if len(item.raw) > 1:
                 items[-1] = dataclasses.replace(items[-1], raw=items[-1].raw + b"\n")
                 item = dataclasses.replace(item, raw=item.raw[1:])
         items.append(item)
-    return items
+    fed = b"".join(i.raw for i in out.fed)
+    lf_pending = strip_bom(stream)[len(fed) :].startswith(b"\n") and out.closed[:1] != [Event(b"\n")]
+    if out.pending > 1 and fed.endswith(b"\r") and lf_pending:
+        last = len(items) - len(out.closed) - 1  # close() returned no lone LF: the LF is pending
+        items[last] = dataclasses.replace(items[last], raw=items[last].raw + b"\n")
+        return items, out.pending - 1
+    return items, out.pending
 
 
 def splittings(stream: bytes) -> Iterator[list[bytes]]:
@@ -192,11 +203,17 @@ CASES: list[tuple[str, bytes, list[Item], int]] = [
         [ev(b"\n"), d(b"data: a\n\n", b"a"), ev(b"\n"), ev(b"\r\n"), ev(b"\r"), d(b"data: b\n\n", b"b")],
         0,
     ),
-    ("unicode_event", b"event: caf\xc3\xa9\nevent: \xff\n\n", [ev(b"event: caf\xc3\xa9\nevent: \xff\n\n", event="\ufffd")], 0),
+    (
+        "unicode_event",
+        b"event: caf\xc3\xa9\nevent: \xff\n\n",
+        [ev(b"event: caf\xc3\xa9\nevent: \xff\n\n", event="\ufffd")],
+        0,
+    ),
     ("utf8_event", b"event: caf\xc3\xa9\n\n", [ev(b"event: caf\xc3\xa9\n\n", event="caf\u00e9")], 0),
     ("partial_tail", b"data: a\n\ndata: b\n", [d(b"data: a\n\n", b"a")], len(b"data: b\n")),
     ("partial_cr", b"data: a\r", [], len(b"data: a\r")),
     ("cr_then_lf_at_eof", b"data: a\r\r\n", [d(b"data: a\r\r\n", b"a")], 0),
+    ("cr_then_lf_then_partial", b"data: a\r\r\ndata: b", [d(b"data: a\r\r\n", b"a")], len(b"data: b")),
     (
         "data_with_http_text",
         b"data: HTTP/1.1 500 Internal Server Error\n\ndata:HTTP/1.0 200 OK\n\n",
@@ -268,7 +285,10 @@ CASES: list[tuple[str, bytes, list[Item], int]] = [
     (
         "status_mid_event",
         b"data: 0\n\nevent: x\ndata: partial\r\nHTTP/1.1 500\r\nContent-Length: 2\r\n\r\nhi",
-        [d(b"data: 0\n\n", b"0"), StatusBlock(b"HTTP/1.1 500\r\nContent-Length: 2\r\n\r\nhi", 500, "", {"content-length": "2"}, b"hi")],
+        [
+            d(b"data: 0\n\n", b"0"),
+            StatusBlock(b"HTTP/1.1 500\r\nContent-Length: 2\r\n\r\nhi", 500, "", {"content-length": "2"}, b"hi"),
+        ],
         0,
     ),
     (
@@ -282,6 +302,18 @@ CASES: list[tuple[str, bytes, list[Item], int]] = [
         b"HTTP/1.1 500 X\r\n\r",
         [StatusBlock(b"HTTP/1.1 500 X\r\n\r", 500, "X", {}, b"")],
         0,
+    ),
+    (
+        "status_after_cr_lf",
+        b"data: a\r\r\nHTTP/1.1 500 X\n\nbody\n\n",
+        [d(b"data: a\r\r\n", b"a"), StatusBlock(b"HTTP/1.1 500 X\n\nbody\n\n", 500, "X", {}, b"body")],
+        0,
+    ),
+    (
+        "status_after_cr_lf_and_partial_to_eof",
+        b"data: a\r\r\ndata: p\nHTTP/1.1 500 X",
+        [d(b"data: a\r\r\n", b"a"), StatusBlock(b"HTTP/1.1 500 X", 500, "X", {}, b"")],
+        len(b"data: p\n"),
     ),
     (
         "status_truncated_content_length",
@@ -303,11 +335,10 @@ def test_table_whole(stream: bytes, expected: list[Item], pending: int) -> None:
 def test_table_every_chunking(stream: bytes, expected: list[Item], pending: int) -> None:
     for chunks in splittings(stream):
         out = run(chunks)
-        assert canonical(out) == expected, chunks
-        assert out.pending == pending, chunks
+        assert canonical(stream, out) == (expected, pending), chunks
         if not any(isinstance(item, StatusBlock) for item in expected):
             whole = strip_bom(stream)
-            assert b"".join(i.raw for i in out.fed + out.closed) == whole[: len(whole) - pending], chunks
+            assert b"".join(i.raw for i in out.fed + out.closed) == whole[: len(whole) - out.pending], chunks
 
 
 def test_status_blocks_are_returned_as_soon_as_complete() -> None:
@@ -329,6 +360,13 @@ def test_cr_dispatches_at_once_and_the_lf_leads_the_next_item() -> None:
     assert reader.close() == [ev(b"\n")]
 
 
+def test_the_lf_of_a_cut_crlf_is_kept_when_a_status_line_ends_the_partial_event() -> None:
+    reader = SSEReader()
+    assert reader.feed(b"data: a\r\r") == [d(b"data: a\r\r", b"a")]
+    items = reader.feed(b"\ndata: partial\nHTTP/1.1 500 X\n\nbody\n\n")
+    assert items == [ev(b"\n"), StatusBlock(b"HTTP/1.1 500 X\n\nbody\n\n", 500, "X", {}, b"body")]
+
+
 def test_a_lone_cr_blank_line_is_dispatched_at_once() -> None:
     reader = SSEReader()
     assert reader.feed(b"\r") == [ev(b"\r")]
@@ -336,7 +374,7 @@ def test_a_lone_cr_blank_line_is_dispatched_at_once() -> None:
 
 
 def test_many_events_in_one_chunk_and_one_event_in_many() -> None:
-    events = [b"data: {\"n\": %d}\n\n" % i for i in range(50)]
+    events = [b'data: {"n": %d}\n\n' % i for i in range(50)]
     reader = SSEReader()
     assert [e.data for e in reader.feed(b"".join(events))] == [b'{"n": %d}' % i for i in range(50)]  # type: ignore[union-attr]
     big = b"data: " + b"x" * 5000 + b"\n\n"
@@ -369,7 +407,7 @@ def test_items_up_to_the_bound_pass() -> None:
     event = b"data: " + b"x" * 56 + b"\n\n"
     assert len(event) == 64
     for chunks in splittings(event * 2):
-        assert canonical(run(chunks, max_event_size=64)) == [d(event, b"x" * 56)] * 2
+        assert canonical(event * 2, run(chunks, max_event_size=64)) == ([d(event, b"x" * 56)] * 2, 0)
 
 
 def test_max_event_size_must_be_positive() -> None:
@@ -380,15 +418,15 @@ def test_max_event_size_must_be_positive() -> None:
 # --- random streams -----------------------------------------------------------------------------------
 
 # No "H": random streams never hold a status line, so the reference needs no status parser.
-PIECES = [b"data", b"event", b"id", b"retry", b":", b" ", b"\r", b"\n", b"\r\n", b"x", b"7", b"\x00", b"\xc3\xa9", b"\xff"]
+PIECES = [b"data", b"event", b"id", b"retry", b":", b" ", b"\r", b"\n", b"\r\n", b"x", b"7", b"\x00", b"\xc3\xa9"]
+PIECES.append(b"\xff")
 raw_streams = st.tuples(st.sampled_from([b"", BOM, BOM[:2]]), st.lists(st.sampled_from(PIECES), max_size=40)).map(
     lambda t: t[0] + b"".join(t[1])
 )
 value = st.lists(st.sampled_from([b"a", b" ", b":", b"1", b"\x00", b"\xc3\xa9", b"{}"]), max_size=4).map(b"".join)
+names = st.sampled_from([b"data", b"event", b"id", b"retry", b"other", b""])
 line = st.one_of(
-    st.tuples(st.sampled_from([b"data", b"event", b"id", b"retry", b"other", b""]), st.sampled_from([b":", b": ", b""]), value).map(
-        b"".join
-    ),
+    st.tuples(names, st.sampled_from([b":", b": ", b""]), value).map(b"".join),
     st.just(b""),  # a blank line inside the list: an extra empty block
 )
 eol = st.sampled_from([b"\n", b"\r\n", b"\r"])
@@ -403,7 +441,7 @@ def chunked(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
     stream = draw(streams)
     cuts = sorted(draw(st.lists(st.integers(0, len(stream)), max_size=8)))
     bounds = [0, *cuts, len(stream)]
-    return stream, [stream[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return stream, [stream[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @FAST
@@ -422,9 +460,37 @@ def test_any_chunking_matches_reference(case: tuple[bytes, list[bytes]]) -> None
     stream, chunks = case
     expected, tail = reference(stream)
     out = run(chunks)
-    assert canonical(out) == expected
-    assert out.pending == len(tail)
+    assert canonical(stream, out) == (expected, len(tail))
     # The invariant the proxy relies on: the raws are exactly the input, minus BOM and partial event.
     whole = strip_bom(stream)
     assert b"".join(i.raw for i in out.fed + out.closed) == whole[: len(whole) - out.pending]
-    assert all(isinstance(i, Event) for i in out.closed) and len(out.closed) <= 1
+    assert out.closed in ([], [Event(b"\n")])
+
+
+@st.composite
+def with_status_block(draw: st.DrawFn) -> tuple[bytes, bytes, bool]:
+    """Events, maybe a partial event, a status block (one line ending throughout), more events."""
+    e = draw(eol)
+    body = draw(st.sampled_from([b'{"error": "busy"}', b"x", b"a\r\n\r\nb\n\n"]))
+    with_length = draw(st.booleans()) or b"\n" in body or b"\r" in body
+    head = [draw(st.sampled_from([b"HTTP/1.1 503 Service Unavailable", b"HTTP/1.0 500"]))]
+    head += draw(st.lists(st.sampled_from([b"Content-Type: application/json", b"Retry-After: 3"]), max_size=2))
+    if with_length:
+        head.append(b"Content-Length: %d" % len(body))
+    block = b"".join(line + e for line in head) + e + body + (b"" if with_length else e + e)
+    partial = draw(st.sampled_from([b"", b"data: partial" + e, b"event: x" + e + b"data:" + e]))
+    stream = draw(blocks) + partial + block + draw(blocks)
+    return stream, body, with_length
+
+
+@FAST
+@given(with_status_block(), st.data())
+def test_status_block_at_any_chunking(case: tuple[bytes, bytes, bool], data: st.DataObject) -> None:
+    stream, body, with_length = case
+    whole = run([stream])
+    (status,) = [i for i in whole.fed + whole.closed if isinstance(i, StatusBlock)]
+    assert (status.raw.startswith(b"HTTP/1."), status.body) == (True, body)
+    assert ("content-length" in status.headers) == with_length
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+    chunks = [stream[a:b] for a, b in itertools.pairwise([0, *cuts, len(stream)])]
+    assert canonical(stream, run(chunks)) == canonical(stream, whole)
