@@ -39,8 +39,10 @@ class UpstreamProbe:
         cfg = self.state.config
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
         try:
-            async with self.state.upstream_session.get(
-                cfg.upstream + cfg.health_path, timeout=timeout, allow_redirects=False
+            state = self.state
+            headers = {"Authorization": state.upstream_authorization} if state.upstream_authorization else None
+            async with state.upstream_session.get(
+                state.upstream_base + cfg.health_path, timeout=timeout, allow_redirects=False, headers=headers
             ) as resp:
                 return resp.status < 500
         except (aiohttp.ClientError, OSError, TimeoutError):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import encode_basic_auth
 from yarl import URL
 
 from . import __version__
@@ -152,6 +153,19 @@ class Config:
     log_format: str = "json"
     log_level: str = "info"
     max_event_size: int = 8 * 1024 * 1024
+
+    def upstream_target(self) -> tuple[str, str | None]:
+        """(the upstream base URL without credentials, a Basic `Authorization` value from them or None).
+
+        aiohttp refuses a URL with credentials when the request also has an Authorization header, and
+        clients usually send one (an API key): so credentials become a header the proxy adds only
+        when the client sent none.
+        """
+        url = URL(self.upstream)
+        if url.user is None and url.password is None:
+            return self.upstream, None
+        auth = encode_basic_auth(url.user or "", url.password or "")
+        return str(url.with_user(None)).rstrip("/"), auth
 
     def redacted_upstream(self) -> str:
         """The upstream URL without a password, for logs."""

@@ -119,11 +119,18 @@ class Recorder:
         )
 
     def _count_tokens(self, ex: Exchange, model: str) -> str | None:
-        """Usage from the upstream when it gave one; else a stream's content events, as estimated."""
+        """Usage from the upstream where it gave it; else a stream's delivered content events, estimated.
+
+        A stream that ends early often has its prompt count (vLLM's first chunk, Anthropic's
+        `message_start`) but no completion count: the prompt is booked from usage, the completion
+        as estimated, and the log line says `estimated`.
+        """
         tokens = self.metrics.tokens
-        if ex.prompt_tokens is not None or ex.completion_tokens is not None:
-            if ex.prompt_tokens:
-                tokens.labels(api=ex.api, model=model, kind="prompt", source="usage").inc(ex.prompt_tokens)
+        source: str | None = None
+        if ex.prompt_tokens:
+            tokens.labels(api=ex.api, model=model, kind="prompt", source="usage").inc(ex.prompt_tokens)
+            source = "usage"
+        if ex.completion_tokens is not None:
             if ex.completion_tokens:
                 tokens.labels(api=ex.api, model=model, kind="completion", source="usage").inc(ex.completion_tokens)
             return "usage"
@@ -131,4 +138,4 @@ class Recorder:
             ex.completion_tokens = ex.content_events
             tokens.labels(api=ex.api, model=model, kind="completion", source="estimated").inc(ex.content_events)
             return "estimated"
-        return None
+        return source

@@ -32,13 +32,12 @@ _REQUEST_ID = "X-Request-Id"
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 
 
-def error_response(dialect: Dialect, status: int, message: str, code: str, request_id: str) -> web.Response:
+def error_response(dialect: Dialect, status: int, message: str, code: str, ex: Exchange) -> web.Response:
     """A whole JSON error in the client's dialect (used before anything was sent)."""
+    body = dialect.error_body(status, message, code)
+    ex.status, ex.bytes_out = status, len(body)
     return web.Response(
-        status=status,
-        body=dialect.error_body(status, message, code),
-        content_type="application/json",
-        headers={_REQUEST_ID: request_id},
+        status=status, body=body, content_type="application/json", headers={_REQUEST_ID: ex.request_id}
     )
 
 
@@ -54,17 +53,15 @@ async def handle(request: web.Request) -> web.StreamResponse:
     try:
         if state.draining:
             ex.settle("error", "shutdown")
-            resp = error_response(dialect, 503, "the proxy is shutting down", "shutdown", request_id)
+            resp = error_response(dialect, 503, "the proxy is shutting down", "shutdown", ex)
             resp.force_close()
-            ex.status = 503
             return resp
         return await _exchange(request, state, dialect, ex)
     except ProxyError as exc:
         ex.settle("error", exc.reason)
         if isinstance(exc, FirstByteTimeout):
             ex.cancelled("first_byte_timeout")
-        ex.status = exc.status
-        resp = error_response(dialect, exc.status, exc.message, exc.reason, request_id)
+        resp = error_response(dialect, exc.status, exc.message, exc.reason, ex)
         if isinstance(exc, BodyTooLarge):
             resp.force_close()  # the rest of the body is unread
         return resp
@@ -73,8 +70,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
             # Shutdown reached an exchange that has sent nothing yet: a real 503 it can retry.
             ex.settle("error", ex.interrupt)
             ex.cancelled(ex.interrupt)
-            ex.status = 503
-            resp = error_response(dialect, 503, "the proxy is shutting down", ex.interrupt, request_id)
+            resp = error_response(dialect, 503, "the proxy is shutting down", ex.interrupt, ex)
             resp.force_close()
             return resp
         ex.settle("aborted", "client_disconnect")
@@ -118,7 +114,9 @@ async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, e
         host=request.headers.get("Host"),
         request_id=ex.request_id,
     )
-    url = URL(cfg.upstream + request.raw_path, encoded=True)
+    if state.upstream_authorization and "Authorization" not in headers:
+        headers["Authorization"] = state.upstream_authorization
+    url = URL(state.upstream_base + request.raw_path, encoded=True)
     data = body if body or request.method not in _NO_BODY_METHODS else None
     ex.phase = Phase.AWAITING_HEADERS
     with upstream_request_errors(cfg.connect_timeout, cfg.first_byte_timeout):

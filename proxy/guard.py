@@ -127,7 +127,11 @@ class StreamGuard:
         step, out = self._begin()
         try:
             items = self._reader.feed(chunk)
-        except EventTooLarge:
+        except EventTooLarge as exc:
+            # Deliver what was complete before the oversized event, then end on a clean boundary.
+            ended = self._consume(step, out, exc.complete)
+            if ended is not None:
+                return ended
             message = f"an upstream event exceeded the proxy's limit of {self._max} bytes"
             return self._error(step, out, 502, message, "stream_cut", "oversized_event")
         return self._consume(step, out, items) or self._flush(step, out)

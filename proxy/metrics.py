@@ -6,7 +6,14 @@ Label values come from fixed sets; the request's model name, the one free-form l
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import __version__
@@ -50,6 +57,9 @@ class Metrics:
     """Every streamwarden metric, registered on `registry`."""
 
     def __init__(self, model_label_limit: int = 50, registry: CollectorRegistry | None = None) -> None:
+        # The contract is the ten families of design section 7; prometheus_client would add a
+        # `*_created` gauge per counter and histogram series. (A library-wide switch, set once.)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         self.models = ModelLabels(model_label_limit)
         r = self.registry

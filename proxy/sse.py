@@ -62,7 +62,15 @@ class StatusBlock:
 
 
 class EventTooLarge(Exception):
-    """A single event (or status block) grew beyond the reader's bound."""
+    """A single event (or status block) grew beyond the reader's bound.
+
+    `complete` holds the items that the same feed completed before the oversized one, so that a
+    caller can still deliver them: what the client gets must not depend on how reads were split.
+    """
+
+    def __init__(self, message: str, complete: list[Event | StatusBlock] | None = None) -> None:
+        super().__init__(message)
+        self.complete: list[Event | StatusBlock] = complete or []
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -135,13 +143,17 @@ class SSEReader:
         else:
             data = chunk  # common case: work on the chunk itself, copy only a leftover tail
         items: list[Event | StatusBlock] = []
-        pos = self._run(data, items)
+        try:
+            pos = self._run(data, items)
+        except EventTooLarge as exc:
+            exc.complete = items
+            raise
         if data is buf:
             del buf[:pos]
         elif pos < len(data):
             self._buf = bytearray(memoryview(data)[pos:])
         if len(self._buf) > self._max:
-            raise EventTooLarge(f"more than {self._max} bytes buffered for one event")
+            raise EventTooLarge(f"more than {self._max} bytes buffered for one event", items)
         return items
 
     def close(self) -> list[Event | StatusBlock]:

@@ -23,6 +23,8 @@ class ProxyState:
     metrics: Metrics
     recorder: Recorder
     session: aiohttp.ClientSession | None = None
+    upstream_base: str = ""  # the upstream URL without credentials
+    upstream_authorization: str | None = None  # from credentials in --upstream, for clients that send none
     draining: bool = False
     live: dict[asyncio.Task[object], Exchange] = field(default_factory=dict)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -35,6 +37,9 @@ class ProxyState:
         self.live.pop(task, None)
         if not self.live:
             self.idle.set()
+
+    def __post_init__(self) -> None:
+        self.upstream_base, self.upstream_authorization = self.config.upstream_target()
 
     def interrupt_all(self, reason: str) -> int:
         """Ask every exchange in flight to end with `reason` (e.g. shutdown); returns how many."""

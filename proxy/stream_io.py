@@ -140,7 +140,7 @@ async def _apply(out: ClientWriter, step: Step, ex: Exchange) -> web.Response | 
             ex.cancelled("upstream_error")
     if step.failure is not None and not out.committed:
         failure = step.failure
-        ex.status = failure.status
+        ex.status, ex.bytes_out = failure.status, len(failure.body)
         headers = {"X-Request-Id": ex.request_id, **failure.headers}
         return web.Response(
             status=failure.status, body=failure.body, content_type="application/json", headers=headers

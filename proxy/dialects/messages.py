@@ -67,22 +67,27 @@ class MessagesStream(DialectStream):
         if kind == "message_start":
             message = obj.get("message")
             if isinstance(message, dict):
-                self._add_usage(message.get("usage"))
+                self._add_usage(message.get("usage"), with_output=False)
         elif kind == "message_delta":
             delta = obj.get("delta")
             if isinstance(delta, dict) and delta.get("stop_reason"):
                 self._stopped = True
-            self._add_usage(obj.get("usage"))
+            self._add_usage(obj.get("usage"), with_output=True)
         return Kind.PASS
 
-    def _add_usage(self, usage: object) -> None:
-        """Input from `message_start` (or a later delta that repeats it); output is cumulative."""
+    def _add_usage(self, usage: object, *, with_output: bool) -> None:
+        """Input from `message_start` (or a later delta that repeats it); output from `message_delta`.
+
+        `message_start` carries a placeholder `output_tokens` (1 or so) before anything was generated;
+        taking it would book an abandoned stream as one token. Output counts only from a delta, where
+        it is cumulative.
+        """
         found = usage_from(usage, "input_tokens", "output_tokens")
         if found is None:
             return
         if found.prompt_tokens is not None:
             self._prompt = found.prompt_tokens
-        completion = found.completion_tokens
+        completion = found.completion_tokens if with_output else None
         if completion is None and self.usage is not None:
             completion = self.usage.completion_tokens
         self.usage = Usage(self._prompt, completion)

@@ -723,3 +723,16 @@ def test_keepalive_is_unsafe_after_an_upstream_id_in_openai_dialects(name: str, 
     assert guard.keepalive_safe
     guard.feed(b"id: 7\n: ping\n\n")
     assert guard.keepalive_safe is safe
+
+
+def test_events_complete_before_an_oversized_one_in_the_same_read_are_delivered() -> None:
+    content = chat(content="Hi")
+    big = b"data: " + b"x" * 200 + b"\n\n"
+    whole = StreamGuard(DIALECTS["chat_completions"], hold=True, max_event_size=150).feed(content + big)
+    assert whole.commit
+    assert whole.data.startswith(content)
+    assert (whole.done, whole.reason) == (True, "stream_cut")
+    split = StreamGuard(DIALECTS["chat_completions"], hold=True, max_event_size=150)
+    first = split.feed(content)
+    second = split.feed(big)
+    assert first.data + second.data == whole.data
