@@ -11,6 +11,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -75,9 +76,31 @@ class DialectStream(ABC):
     def finished(self) -> bool:
         """The generation visibly finished, so a clean EOF is a success (with `terminal_frame()`)."""
 
-    @abstractmethod
     def classify(self, event: Event) -> Kind:
-        """Read one event (at most one JSON parse) and update the stream's state."""
+        """Read one event (at most one JSON parse) and update the stream's state.
+
+        The JSON dialects share this prologue; each reads its own objects in `classify_object`.
+        """
+        data = event.data
+        if not data:
+            return self.classify_fieldless(event)
+        if data.startswith(b"[DONE]"):
+            return self.classify_done()
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return Kind.MALFORMED
+        if type(obj) is not dict:
+            return Kind.MALFORMED
+        return self.classify_object(event, obj)
+
+    def classify_done(self) -> Kind:
+        """A `[DONE]`: in dialects whose terminal is another event, the upstream's end of stream."""
+        return Kind.END
+
+    def classify_object(self, event: Event, obj: dict[str, Any]) -> Kind:
+        """One event whose data is a JSON object."""
+        raise NotImplementedError
 
     @abstractmethod
     def error_frame(self, status: int, message: str, code: str | None = None) -> bytes:

@@ -7,7 +7,7 @@ finish_reason yet), a `[DONE]` after a choice was cut short, and errors in a doz
 
 from __future__ import annotations
 
-import orjson
+from typing import Any
 
 from proxy.dialects.base import DialectStream, Kind, usage_from
 from proxy.dialects.errors import describe_error, dumps, is_error_object, openai_error
@@ -33,18 +33,10 @@ class ChatStream(DialectStream):
     def finished(self) -> bool:
         return bool(self._seen) and self._seen <= self._finished
 
-    def classify(self, event: Event) -> Kind:
-        data = event.data
-        if not data:
-            return self.classify_fieldless(event)
-        if data.startswith(b"[DONE]"):
-            return Kind.EARLY_DONE if self._produced - self._finished else Kind.TERMINAL
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return Kind.MALFORMED
-        if type(obj) is not dict:
-            return Kind.MALFORMED
+    def classify_done(self) -> Kind:
+        return Kind.EARLY_DONE if self._produced - self._finished else Kind.TERMINAL
+
+    def classify_object(self, event: Event, obj: dict[str, Any]) -> Kind:
         err = obj.get("error")
         if err:
             self.error = describe_error(obj)

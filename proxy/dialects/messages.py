@@ -8,7 +8,7 @@ so a missing `message_stop` after it is added rather than reported as a cut.
 
 from __future__ import annotations
 
-import orjson
+from typing import Any
 
 from proxy.dialects.base import DialectStream, Kind, Usage, usage_from
 from proxy.dialects.errors import anthropic_error_body, describe_error, is_error_object
@@ -33,18 +33,7 @@ class MessagesStream(DialectStream):
     def finished(self) -> bool:
         return self._stopped
 
-    def classify(self, event: Event) -> Kind:
-        data = event.data
-        if not data:
-            return self.classify_fieldless(event)
-        if data.startswith(b"[DONE]"):
-            return Kind.END
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return Kind.MALFORMED
-        if type(obj) is not dict:
-            return Kind.MALFORMED
+    def classify_object(self, event: Event, obj: dict[str, Any]) -> Kind:
         name = event.event
         kind = obj.get("type")
         if kind == "error" or name == "error":

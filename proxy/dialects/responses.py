@@ -8,7 +8,7 @@ and every frame the proxy adds continues the upstream's response id and sequence
 
 from __future__ import annotations
 
-import orjson
+from typing import Any
 
 from proxy.dialects.base import DialectStream, Kind, usage_from
 from proxy.dialects.errors import (
@@ -44,18 +44,7 @@ class ResponsesStream(DialectStream):
     def finished(self) -> bool:
         return False  # only a terminal event finishes a response, and it ends the stream itself
 
-    def classify(self, event: Event) -> Kind:
-        data = event.data
-        if not data:
-            return self.classify_fieldless(event)
-        if data.startswith(b"[DONE]"):
-            return Kind.END
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return Kind.MALFORMED
-        if type(obj) is not dict:
-            return Kind.MALFORMED
+    def classify_object(self, event: Event, obj: dict[str, Any]) -> Kind:
         seq = obj.get("sequence_number")
         if type(seq) is int and seq > self._seq:
             self._seq = seq
