@@ -24,6 +24,8 @@ from typing import IO
 import aiohttp
 import orjson
 
+from .bench_cancel import measure_abandons
+
 __all__ = ["SideResult", "cpu_seconds", "format_table", "memory", "percentile", "run_bench"]
 
 HOST = "127.0.0.1"
@@ -247,7 +249,7 @@ def _own_cpu() -> float:
     return times.user + times.system
 
 
-async def _bench(upstream: str | None, requests: int, concurrency: int, tokens: int) -> int:
+async def _bench(upstream: str | None, requests: int, concurrency: int, tokens: int, abandons: int) -> int:
     async with _Children() as children:
         fake_pid: int | None = None
         if upstream is None:
@@ -269,20 +271,38 @@ async def _bench(upstream: str | None, requests: int, concurrency: int, tokens: 
         direct = await _measure("direct", upstream, body, requests, concurrency, None, fake_pid)
         through = await _measure("through", f"http://{HOST}:{port}", body, requests, concurrency, proxy.proc.pid,
                                  fake_pid)  # fmt: skip
+        abandon_line = ""
+        if fake_pid is not None and abandons:
+            latencies, missed = await measure_abandons(f"http://{HOST}:{port}", upstream, abandons, concurrency)
+            abandon_line = _abandon_summary(latencies, missed)
     print(format_table(direct, through))
+    if abandon_line:
+        print(abandon_line)
     for side in (direct, through):
         if side.errors:
             print(f"{side.name}: {side.failed} failed, e.g. {side.errors[0][:70]}")
     return 1 if direct.failed or through.failed else 0
 
 
-def run_bench(upstream: str | None, *, requests: int, concurrency: int, tokens: int) -> int:
+def _abandon_summary(latencies: list[float], missed: int) -> str:
+    """One line: how soon the backend saw the close after the client left (built-in fake only)."""
+    if not latencies:
+        return f"client abandons: none measured ({missed} upstreams never seen to close)"
+    return (
+        f"client leaves -> upstream closed (as the fake saw it), {len(latencies)} abandons\n"
+        f"one at a time beside the other streams: "
+        f"p50 {_ms(percentile(latencies, 50))}, p99 {_ms(percentile(latencies, 99))}, "
+        f"max {_ms(latencies[-1])}" + (f"; {missed} never closed" if missed else "")
+    )
+
+
+def run_bench(upstream: str | None, *, requests: int, concurrency: int, tokens: int, abandons: int = 200) -> int:
     """Run both sides and print the table; the exit code is 1 when a stream failed, 130 on Ctrl-C."""
     if requests < 1 or concurrency < 1 or tokens < 1:
         print("bench: --requests, --concurrency and --tokens must be at least 1", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_bench(upstream, requests, concurrency, tokens))
+        return asyncio.run(_bench(upstream, requests, concurrency, tokens, abandons))
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130

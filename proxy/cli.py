@@ -43,7 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         from .bench import run_bench
 
-        return run_bench(args.upstream, requests=args.requests, concurrency=args.concurrency, tokens=args.tokens)
+        return run_bench(
+            args.upstream, requests=args.requests, concurrency=args.concurrency, tokens=args.tokens,
+            abandons=args.abandons,
+        )
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -205,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", type=int, default=200, help="streams per side")
     bench.add_argument("--concurrency", type=int, default=20)
     bench.add_argument("--tokens", type=int, default=200, help="content events per stream")
+    bench.add_argument("--abandons", type=int, default=200,
+                       help="streams to abandon, timing the upstream close (built-in fake only; 0: skip)")
     return parser
 
 

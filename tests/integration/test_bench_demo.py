@@ -140,7 +140,7 @@ async def test_demo_keep_running_serves_until_ctrl_c() -> None:
 
 
 def test_bench_prints_both_sides() -> None:
-    argv = [PY, "-m", "proxy", "bench", "--requests", "20", "--concurrency", "5", "--tokens", "20"]
+    argv = [PY, "-m", "proxy", "bench", "--requests", "20", "--concurrency", "5", "--tokens", "20", "--abandons", "20"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=40)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
@@ -153,6 +153,7 @@ def test_bench_prints_both_sides() -> None:
     assert re.search(r"^proxy CPU\s+-\s+[\d.]+ s$", out, re.M)
     assert re.search(r"^proxy CPU per event\s+-\s+[\d.]+ us$", out, re.M)
     assert re.search(r"^proxy RSS \(peak\)\s+-\s+[\d.]+ MiB \(\d+\)$", out, re.M)
+    assert re.search(r"20 abandons\none at a time .*: p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms$", out, re.M), out
     pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", out)]
     assert len(pids) == 2  # the fake upstream and the proxy, both stopped before bench exits
     for pid in pids:
