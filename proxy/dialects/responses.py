@@ -32,13 +32,12 @@ _CODE_STATUS = {"rate_limit_exceeded": 429, "invalid_prompt": 400, "server_error
 class ResponsesStream(DialectStream):
     """Remembers the response object's identity and the last sequence number, to continue both."""
 
-    __slots__ = ("_response", "_sent", "_seq")
+    __slots__ = ("_response", "_seq")
 
     def __init__(self) -> None:
         super().__init__()
         self._seq = -1
         self._response: dict[str, object] = {}
-        self._sent = ""  # which half of the error pair the upstream sent: "failed" or "error"
 
     @property
     def finished(self) -> bool:
@@ -62,15 +61,14 @@ class ResponsesStream(DialectStream):
                 self._remember(response)
                 self._take_usage(response)
                 self.error = self._failed_info(response)
-                self._sent = "failed"
                 return Kind.ERROR
             return Kind.PASS
         if kind == "error":
+            # Rebuilt, never passed: the ending must be `response.failed` then `error` with both the
+            # top-level and the nested fields (only the nested one makes openai-python raise, and
+            # consumers keyed on `response.failed` must see it first), whichever shape came.
             self.error = describe_error(obj)
-            if isinstance(obj.get("error"), dict):
-                self._sent = "error"
-                return Kind.ERROR
-            return Kind.FOREIGN  # the documented flat shape, which openai-python yields instead of raising
+            return Kind.FOREIGN
         if obj.get("error") or is_error_object(obj):
             self.error = describe_error(obj)
             return Kind.FOREIGN
@@ -135,7 +133,6 @@ class ResponsesStream(DialectStream):
         return self._failed_event(status, message) + self._error_event(status, message, code)
 
     def error_tail(self) -> bytes:
+        """After the upstream's own `response.failed`: the `error` event that makes the SDK raise."""
         info = self.error or ErrorInfo(502, "upstream error", None)
-        if self._sent == "failed":
-            return self._error_event(info.status, info.message, info.code)
-        return self._failed_event(info.status, info.message)
+        return self._error_event(info.status, info.message, info.code)

@@ -243,7 +243,7 @@ def test_responses_upstream_failed_gets_the_error_event_added() -> None:
     assert error["error"]["message"] == "too many"
 
 
-def test_responses_upstream_nested_error_gets_failed_added() -> None:
+def test_responses_upstream_nested_error_is_rebuilt_as_the_pair() -> None:
     s = stream("responses")
     s.classify(named(CREATED))
     nested = {
@@ -251,11 +251,13 @@ def test_responses_upstream_nested_error_gets_failed_added() -> None:
         "sequence_number": 2,
         "error": {"type": "too_many_requests", "code": "too_many_requests", "message": "Too Many", "param": None},
     }
-    assert s.classify(named(nested)) is Kind.ERROR
-    (failed,) = _frames(s.error_tail())
-    assert failed["type"] == "response.failed"
-    assert failed["sequence_number"] == 3
+    assert s.classify(named(nested)) is Kind.FOREIGN
+    assert s.error is not None
+    failed, error = _frames(s.error_frame(s.error.status, s.error.message, s.error.code))
+    assert (failed["type"], error["type"]) == ("response.failed", "error")
+    assert (failed["sequence_number"], error["sequence_number"]) == (3, 4)
     assert failed["response"]["id"] == "resp_9"
+    assert error["message"] == error["error"]["message"] == "Too Many"
 
 
 def test_responses_flat_error_is_foreign() -> None:

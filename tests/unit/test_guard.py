@@ -475,15 +475,16 @@ def test_responses_failed_gets_the_error_event() -> None:
     assert result.reason == "upstream_error_frame"
 
 
-def test_responses_nested_error_gets_failed_added() -> None:
+def test_responses_nested_error_becomes_failed_then_error() -> None:
     err = named(
         {"type": "error", "sequence_number": 6, "error": {"type": "server_error", "code": "x", "message": "died"}}
     )
     result = run("responses", RESPONSES_BODY + err)
     events = openai_events(result.output[len(RESPONSES_BODY) :])
-    assert [event for event, _ in events] == ["error", "response.failed"]
-    assert events[1][1]["sequence_number"] == 7
-    assert result.rewrites == ()
+    assert [event for event, _ in events] == ["response.failed", "error"]
+    assert [body["sequence_number"] for _, body in events] == [7, 8]
+    assert events[1][1]["code"] == events[1][1]["error"]["code"] == "x"
+    assert result.rewrites == ("foreign_error_frame",)
 
 
 def test_messages_native_error_passes_as_is() -> None:
