@@ -8,7 +8,7 @@ message_start, content_block_start, ping). "first content" means the preamble pl
 ========================  ===========================  ==================================================
 scenario                  dialects                     what it does
 ========================  ===========================  ==================================================
-stray_503                 chat, completions,           200, ``after`` events (1), then a raw ``HTTP/1.0 503``
+stray_503                 chat, completions,           200, ``after`` events (preamble), then a raw ``HTTP/1.0 503``
                           responses, messages          block (headers + JSON) inside the body, then FIN
 cut                       chat, completions,           ``after`` events (preamble + 2), then FIN with the
                           responses, messages          chunked body unterminated (``eof=1``: end it properly)
@@ -129,9 +129,10 @@ def _preamble(frames: list[Frame]) -> int:
 
 
 async def _stray_503(ex: Exchange, fault: Fault) -> web.StreamResponse:
-    after = fault.integer("after", 1)
+    frames = ex.frames()
+    after = fault.integer("after", _preamble(frames))  # right after the role chunk / response.created ...
     await ex.open_stream()
-    await ex.send(ex.frames()[:after])
+    await ex.send(frames[:after])
     await ex.send_raw(stray_block(503, "Service Unavailable", STRAY_BODY), counts=False)
     return ex.close()
 
@@ -310,7 +311,8 @@ async def _upstream_detail(ex: Exchange, fault: Fault) -> web.StreamResponse:
 
 _REGISTRY = (
     Scenario("stray_503", GENERATION, "stream", ("after",),
-             "200, `after` events (1), then a raw HTTP/1.0 503 block inside the body, then close", _stray_503),
+             "200, `after` events (the preamble), then a raw HTTP/1.0 503 block inside the body, then close",
+             _stray_503),
     Scenario("cut", GENERATION, "stream", ("after", "eof"),
              "`after` events (preamble + 2), then close with the body unterminated (eof=1: ended)", _cut),
     Scenario("reset", ALL, "any", ("after",),

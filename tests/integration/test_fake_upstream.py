@@ -296,8 +296,9 @@ async def test_stray_503_block_lands_inside_the_body(fake: Fake, api: str) -> No
     async with fake.post(path, {**body, "stream": True}, **{"x-fault": "stray_503"}) as resp:
         assert resp.status == 200
         raw, error = await read_until_broken(resp)
-    first, _, block = raw.partition(b"\n\n")
-    assert len(events(first + b"\n\n")) == 1
+    at = raw.index(b"HTTP/1.0 503")
+    assert len(events(raw[:at])) == PREAMBLE[api]  # right after the preamble, before any content
+    block = raw[at:]
     payload = b'{"error":{"message":"Service Unavailable: engine overloaded","type":"server_error","code":503}}'
     assert block == (
         b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
