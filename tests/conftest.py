@@ -52,6 +52,13 @@ class Proxy:
         lines = [orjson.loads(line) for line in self.log.getvalue().splitlines() if line.strip()]
         return [line for line in lines if line.get("event") == event]
 
+    async def line_for(self, request_id: str) -> dict[str, Any]:
+        """The one `request` log line of `request_id`, written as its handler unwinds."""
+        await until(lambda: any(line["request_id"] == request_id for line in self.log_lines()))
+        lines = [line for line in self.log_lines() if line["request_id"] == request_id]
+        assert len(lines) == 1, lines
+        return lines[0]
+
     async def settled(self, within: float = 10.0) -> list[dict[str, Any]]:
         """Wait until no exchange is in flight (their log lines are then written); return the lines."""
         async with asyncio.timeout(within):

@@ -100,16 +100,6 @@ async def post(
             return Answer(resp.status, resp.headers, await resp.read())
 
 
-async def log_line(proxy: Proxy, rid: str) -> dict[str, Any]:
-    async with asyncio.timeout(5):
-        while True:
-            lines = [line for line in proxy.log_lines() if line["request_id"] == rid]
-            if lines:
-                assert len(lines) == 1
-                return lines[0]
-            await asyncio.sleep(0.01)
-
-
 def verdict(line: dict[str, Any]) -> tuple[str, str, int, int | None]:
     return line["outcome"], line["reason"], line["status"], line["upstream_status"]
 
@@ -133,7 +123,7 @@ async def test_broken_body_becomes_the_dialect_error(
     assert got.headers["X-Request-Id"] == rid
     assert int(got.headers["Content-Length"]) == len(got.body)
     assert orjson.loads(got.body) == error_body(dialect, case.status, case.message, case.code)
-    line = await log_line(proxy, rid)
+    line = await proxy.line_for(rid)
     assert verdict(line) == ("error", case.reason, case.status, case.upstream_status)
 
 
@@ -153,7 +143,7 @@ async def test_native_error_passes_untouched(
     if fault == "upstream_429":
         assert got.headers["Retry-After"] == "1"
         assert got.headers["x-ratelimit-remaining-requests"] == "0"
-    line = await log_line(proxy, rid)
+    line = await proxy.line_for(rid)
     assert verdict(line) == ("error", reason, status, status)
 
 
@@ -167,7 +157,7 @@ async def test_batch_missing_choice_names_the_index(
     message = f"the upstream returned 3 of 4 choices; missing indices: {named}"
     assert got.status == 502
     assert orjson.loads(got.body) == error_body("completions", 502, message, "incomplete_batch")
-    line = await log_line(proxy, "batch")
+    line = await proxy.line_for("batch")
     assert verdict(line) == ("error", "incomplete_batch", 502, 200)
 
 
@@ -183,7 +173,7 @@ async def test_no_headers_in_time_is_a_504(
     assert orjson.loads(got.body) == error_body(dialect, 504, message, "first_byte_timeout")
     record = await fake_upstream.recorder.wait_finished(rid)
     assert record.client_closed_at is not None  # the proxy gave up on the upstream request
-    line = await log_line(proxy, rid)
+    line = await proxy.line_for(rid)
     assert verdict(line) == ("error", "first_byte_timeout", 504, None)
 
 
@@ -194,7 +184,7 @@ async def test_reset_before_answer_is_a_502(proxy: Proxy, http: aiohttp.ClientSe
     message = "the upstream closed the connection before answering"
     assert got.status == 502
     assert orjson.loads(got.body) == error_body(dialect, 502, message, "connect_failed")
-    line = await log_line(proxy, rid)
+    line = await proxy.line_for(rid)
     assert verdict(line) == ("error", "connect_failed", 502, None)
 
 
@@ -211,7 +201,7 @@ async def test_no_upstream_is_a_502(make_proxy: ProxyFactory, http: aiohttp.Clie
     message = error["error"]["message"]
     assert message.startswith("could not connect to the upstream")
     assert error == error_body(dialect, 502, message, "connect_failed")
-    line = await log_line(proxy, rid)
+    line = await proxy.line_for(rid)
     assert verdict(line) == ("error", "connect_failed", 502, None)
 
 

@@ -132,17 +132,6 @@ async def healthy_frames(http: aiohttp.ClientSession, fake: FakeUpstream, dialec
     return reply.frames
 
 
-async def log_line(proxy: Proxy, rid: str) -> dict[str, Any]:
-    """The exchange's log line (written as its handler unwinds, at the latest just after the last byte)."""
-    async with asyncio.timeout(5):
-        while True:
-            lines = [line for line in proxy.log_lines() if line["request_id"] == rid]
-            if lines:
-                assert len(lines) == 1
-                return lines[0]
-            await asyncio.sleep(0.01)
-
-
 def verdict(line: dict[str, Any]) -> tuple[str, str, int, int]:
     """outcome, reason, status to the client, upstream status."""
     return line["outcome"], line["reason"], line["status"], line["upstream_status"]
@@ -303,7 +292,7 @@ async def _check_in_stream(
     before = check_error_ending(dialect, reply.frames, case.status, case.message, case.code)
     passed = case.passed(dialect)
     assert [f.raw for f in before] == [f.raw for f in healthy[:passed]]
-    line = await log_line(proxy, rid)
+    line = await proxy.line_for(rid)
     assert verdict(line) == ("error", case.reason, 200, 200)
     assert (line["api"], line["stream"]) == (dialect, True)
     assert line["upstream_cancelled"] is True
@@ -337,7 +326,7 @@ async def test_failure_before_content_is_a_real_status(
     assert orjson.loads(reply.body) == error_body(dialect, case.status, case.message, case.code)
     # The stray block carried Retry-After: 1 (the SDKs retry on it); the proxy's own failures carry none.
     assert reply.headers.get("Retry-After") == ("1" if case.reason == "stray_http_block" else None)
-    line = await log_line(proxy, rid)
+    line = await proxy.line_for(rid)
     assert verdict(line) == ("error", case.reason, case.status, 200)
     assert line["upstream_cancelled"] is True
     assert rewrites(proxy, dialect, "late_commit_status") == 1
@@ -409,7 +398,7 @@ async def test_upstream_error_then_open_connection(
     else:
         assert [f.event for f in ending] == ["error"]
         assert ending[0].json() == {"type": "error", "error": {"type": "api_error", "message": FAKE_MESSAGE}}
-    line = await log_line(proxy, rid)
+    line = await proxy.line_for(rid)
     assert (line["outcome"], line["reason"], line["upstream_cancelled"]) == ("error", "upstream_error_frame", True)
     assert proxy.sample("streamwarden_upstream_cancellations_total", {"api": dialect, "reason": "upstream_error"}) == 1
 
@@ -440,7 +429,7 @@ async def test_missing_terminal_after_finish_is_added(
     healthy = await call(http, fake_upstream.url, dialect, rid)
     assert reply.status == 200
     assert reply.body == healthy.body
-    line = await log_line(proxy, rid)
+    line = await proxy.line_for(rid)
     assert (line["outcome"], line["reason"], line["upstream_cancelled"]) == ("ok", "complete", False)
     assert rewrites(proxy, dialect, "missing_terminal") == 1
 
@@ -457,7 +446,7 @@ async def test_malformed_event_is_dropped(
     assert len(direct.frames) == len(healthy.frames) + 1  # the fault really sent one more event
     assert reply.status == 200
     assert reply.body == healthy.body
-    line = await log_line(proxy, rid)
+    line = await proxy.line_for(rid)
     assert (line["outcome"], line["reason"]) == ("ok", "complete")
     assert rewrites(proxy, dialect, "malformed_event") == 1
 
@@ -481,5 +470,5 @@ async def test_retried_request_after_late_commit_streams_normally(
         assert second.frames[-1].raw == b"data: [DONE]\n\n"
     else:
         assert second.frames[-1].event == terminal
-    lines = [await log_line(proxy, rid), await log_line(proxy, rid + "-2")]
+    lines = [await proxy.line_for(rid), await proxy.line_for(rid + "-2")]
     assert [(line["outcome"], line["reason"]) for line in lines] == [("error", "stray_http_block"), ("ok", "complete")]

@@ -15,6 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from contract import (
+    APIS,
+    CANCELLATION_REASONS,
+    KINDS,
+    METRICS,
+    OUTCOMES,
+    REASONS,
+    REQUEST_REASONS,
+    REWRITE_REASONS,
+    SOURCES,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -23,44 +34,14 @@ from tests.conftest import FakeUpstream, Proxy, ProxyFactory
 
 # --- the contract: design section 7 (names, types, labels), 3 and 10 (label values) ------------------
 
-METRICS: dict[str, tuple[str, frozenset[str]]] = {
-    "streamwarden_requests_total": ("counter", frozenset({"api", "model", "outcome", "reason"})),
-    "streamwarden_request_duration_seconds": ("histogram", frozenset({"api", "outcome"})),
-    "streamwarden_time_to_first_token_seconds": ("histogram", frozenset({"api", "model"})),
-    "streamwarden_inflight_requests": ("gauge", frozenset({"api"})),
-    "streamwarden_upstream_responses_total": ("counter", frozenset({"api", "code"})),
-    "streamwarden_upstream_cancellations_total": ("counter", frozenset({"api", "reason"})),
-    "streamwarden_stream_rewrites_total": ("counter", frozenset({"api", "reason"})),
-    "streamwarden_tokens_total": ("counter", frozenset({"api", "model", "kind", "source"})),
-    "streamwarden_upstream_up": ("gauge", frozenset()),
-    "streamwarden_build_info": ("gauge", frozenset({"version"})),
-}
-APIS = frozenset({"chat_completions", "completions", "responses", "messages", "embeddings", "models", "other"})
-OUTCOMES = frozenset({"ok", "error", "aborted"})
-REASONS = {
-    "ok": frozenset({"complete"}),
-    "error": frozenset({
-        "upstream_4xx", "upstream_5xx", "connect_failed", "first_byte_timeout", "stall_timeout", "stream_cut",
-        "stray_http_block", "upstream_error_frame", "invalid_upstream_body", "incomplete_batch",
-        "body_too_large", "shutdown", "proxy_error",
-    }),
-    "aborted": frozenset({"client_disconnect", "client_stalled"}),
-}
-CANCELLATION_REASONS = frozenset({
-    "client_disconnect", "client_stalled", "stall_timeout", "first_byte_timeout", "shutdown", "upstream_error",
-})
-REWRITE_REASONS = frozenset({
-    "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
-    "malformed_event", "oversized_event", "late_commit_status",
-})
 FIXED: dict[str, frozenset[str]] = {
     "api": APIS,
     "outcome": OUTCOMES,
-    "kind": frozenset({"prompt", "completion"}),
-    "source": frozenset({"usage", "estimated"}),
+    "kind": KINDS,
+    "source": SOURCES,
 }
 REASON_SETS = {
-    "streamwarden_requests_total": frozenset().union(*REASONS.values()),
+    "streamwarden_requests_total": REQUEST_REASONS,
     "streamwarden_upstream_cancellations_total": CANCELLATION_REASONS,
     "streamwarden_stream_rewrites_total": REWRITE_REASONS,
 }
@@ -185,17 +166,6 @@ def body_for(api: str, *, stream: bool, usage: bool = False, model: str | None =
     return body
 
 
-async def logged(proxy: Proxy, request_id: str) -> dict[str, Any]:
-    """The exchange's `request` log line; it is written when the handler unwinds (bounded wait)."""
-    for _ in range(500):
-        lines = [line for line in proxy.log_lines() if line["request_id"] == request_id]
-        if lines:
-            assert len(lines) == 1, lines
-            return lines[0]
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"no request log line for {request_id}")
-
-
 async def call(
     http: aiohttp.ClientSession,
     proxy: Proxy,
@@ -219,7 +189,7 @@ async def call(
         request = http.post(f"{proxy.url}{PATHS[api]}", json=body, headers=headers)
     async with request as resp:
         status, data = resp.status, await resp.read()
-    await logged(proxy, rid)
+    await proxy.line_for(rid)
     if fake is not None:
         await fake.recorder.wait_finished(rid)
     return status, data
@@ -246,7 +216,7 @@ async def abandon(
         resp.close()
     record = await fake.recorder.wait_finished(rid)
     assert record.client_closed_at is not None  # the proxy cancelled the upstream
-    await logged(proxy, rid)
+    await proxy.line_for(rid)
 
 
 def closed_port() -> int:
@@ -523,11 +493,11 @@ async def test_fixed_label_values_after_every_kind_of_exchange(
         assert status >= 200
     async with http.get(f"{proxy.url}/_fake/echo/x", headers={"X-Request-Id": "other"}) as resp:
         assert resp.status == 200
-    await logged(proxy, "other")
+    await proxy.line_for("other")
     async with http.post(f"{proxy.url}/v1/chat/completions", data=b"x" * 2048,
                          headers={"X-Request-Id": "too-large"}) as resp:
         assert resp.status == 413
-    await logged(proxy, "too-large")
+    await proxy.line_for("too-large")
 
     exposition = await scrape(http, proxy)
     reasons = exposition.total("streamwarden_requests_total", ("api", "outcome", "reason"))

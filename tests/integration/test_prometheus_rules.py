@@ -18,6 +18,16 @@ from typing import Any
 
 import pytest
 import yaml
+from contract import (
+    APIS,
+    CANCELLATION_REASONS,
+    KINDS,
+    METRICS,
+    OUTCOMES,
+    REQUEST_REASONS,
+    REWRITE_REASONS,
+    SOURCES,
+)
 from promql_exprs import (
     DASHBOARD,
     RULES,
@@ -39,46 +49,18 @@ needs_promtool = pytest.mark.skipif(
 
 # --- the contract of design section 7 (metrics), 3 and 10 (label values) ------------------------------
 
-METRICS: dict[str, tuple[str, frozenset[str]]] = {
-    "streamwarden_requests_total": ("counter", frozenset({"api", "model", "outcome", "reason"})),
-    "streamwarden_request_duration_seconds": ("histogram", frozenset({"api", "outcome"})),
-    "streamwarden_time_to_first_token_seconds": ("histogram", frozenset({"api", "model"})),
-    "streamwarden_inflight_requests": ("gauge", frozenset({"api"})),
-    "streamwarden_upstream_responses_total": ("counter", frozenset({"api", "code"})),
-    "streamwarden_upstream_cancellations_total": ("counter", frozenset({"api", "reason"})),
-    "streamwarden_stream_rewrites_total": ("counter", frozenset({"api", "reason"})),
-    "streamwarden_tokens_total": ("counter", frozenset({"api", "model", "kind", "source"})),
-    "streamwarden_upstream_up": ("gauge", frozenset()),
-    "streamwarden_build_info": ("gauge", frozenset({"version"})),
-}
 # Added by the scrape, not the exporter: the Prometheus Operator and the kubernetes_sd job add pod,
 # namespace and container; every scrape adds job and instance.
 TARGET_LABELS = frozenset({"pod", "namespace", "container", "endpoint", "service", "job", "instance"})
 
-APIS = frozenset({"chat_completions", "completions", "responses", "messages", "embeddings", "models", "other"})
-OUTCOMES = frozenset({"ok", "error", "aborted"})
-REQUEST_REASONS = frozenset({
-    "complete",
-    "upstream_4xx", "upstream_5xx", "connect_failed", "first_byte_timeout", "stall_timeout", "stream_cut",
-    "stray_http_block", "upstream_error_frame", "invalid_upstream_body", "incomplete_batch",
-    "body_too_large", "shutdown", "proxy_error",
-    "client_disconnect", "client_stalled",
-})
-CANCELLATION_REASONS = frozenset({
-    "client_disconnect", "client_stalled", "stall_timeout", "first_byte_timeout", "shutdown", "upstream_error",
-})
-REWRITE_REASONS = frozenset({
-    "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
-    "malformed_event", "oversized_event", "late_commit_status",
-})
 FIXED_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("streamwarden_requests_total", "outcome"): OUTCOMES,
     ("streamwarden_requests_total", "reason"): REQUEST_REASONS,
     ("streamwarden_request_duration_seconds", "outcome"): OUTCOMES,
     ("streamwarden_upstream_cancellations_total", "reason"): CANCELLATION_REASONS,
     ("streamwarden_stream_rewrites_total", "reason"): REWRITE_REASONS,
-    ("streamwarden_tokens_total", "kind"): frozenset({"prompt", "completion"}),
-    ("streamwarden_tokens_total", "source"): frozenset({"usage", "estimated"}),
+    ("streamwarden_tokens_total", "kind"): KINDS,
+    ("streamwarden_tokens_total", "source"): SOURCES,
     **{(name, "api"): APIS for name, (_, labels) in METRICS.items() if "api" in labels},
 }
 

@@ -37,17 +37,6 @@ SECRET_KEY = "sk-secret-4f1d"
 PASSWORD = "s3cr3t-pw-9c2e"
 
 
-async def logged(proxy: Proxy, request_id: str) -> dict[str, Any]:
-    """The exchange's line; it is written when the handler unwinds (bounded wait)."""
-    for _ in range(500):
-        lines = [line for line in proxy.log_lines() if line["request_id"] == request_id]
-        if lines:
-            assert len(lines) == 1, lines
-            return lines[0]
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"no request log line for {request_id}")
-
-
 def events_in(body: bytes) -> int:
     return len([block for block in body.split(b"\n\n") if block.strip()])
 
@@ -62,7 +51,7 @@ async def post(
     async with http.post(f"{proxy.url}{path}", json=body, headers=sent) as resp:
         status, data = resp.status, await resp.read()
         assert resp.headers["X-Request-Id"] == rid
-    return status, data, await logged(proxy, rid)
+    return status, data, await proxy.line_for(rid)
 
 
 def check_shape(line: dict[str, Any]) -> None:
@@ -129,7 +118,7 @@ async def test_ok_whole_body_line_and_a_made_request_id(
         rid = resp.headers["X-Request-Id"]
     assert re.fullmatch(r"[0-9a-f]{32}", rid)
     assert (await fake_upstream.recorder.wait_finished(rid)).completed  # the same id went upstream
-    line = await logged(proxy, rid)
+    line = await proxy.line_for(rid)
     check_shape(line)
     assert {k: line[k] for k in ("api", "stream", "status", "upstream_status", "outcome", "reason", "ttft_ms",
                                   "events", "bytes_out", "prompt_tokens", "completion_tokens", "usage_source")} == {
@@ -188,7 +177,7 @@ async def test_error_lines(
 
 async def test_aborted_line(proxy: Proxy, fake_upstream: FakeUpstream, http: aiohttp.ClientSession) -> None:
     read = await abandon(http, proxy, fake_upstream, "log-abandoned", content_events=2)
-    line = await logged(proxy, "log-abandoned")
+    line = await proxy.line_for("log-abandoned")
     check_shape(line)
     assert {k: line[k] for k in ("stream", "status", "upstream_status", "outcome", "reason", "events", "bytes_out",
                                   "prompt_tokens", "completion_tokens", "usage_source", "upstream_cancelled")} == {
@@ -245,8 +234,8 @@ async def test_one_line_per_exchange(
     sent.append("one-models")
     await abandon(http, proxy, fake_upstream, "one-abandoned", content_events=1)
     sent.append("one-abandoned")
-    await logged(proxy, "one-models")
-    await logged(proxy, "one-abandoned")
+    await proxy.line_for("one-models")
+    await proxy.line_for("one-abandoned")
     for rid in sent:
         await fake_upstream.recorder.wait_finished(rid)
     assert sorted(line["request_id"] for line in proxy.log_lines()) == sorted(sent)
@@ -277,7 +266,7 @@ async def test_no_secret_in_the_exchange_lines(
     await post(http, proxy, "s-ok", "/v1/chat/completions", {**CHAT, "stream": True}, **auth)
     await post(http, proxy, "s-err", "/v1/chat/completions", CHAT, "upstream_429", **auth)
     await abandon(http, proxy, fake_upstream, "s-abandoned", 1, **auth)
-    await logged(proxy, "s-abandoned")
+    await proxy.line_for("s-abandoned")
     echo = fake_upstream.recorder.get("s-ok")
     assert echo is not None
     assert echo.headers["Authorization"] == f"Bearer {SECRET_KEY}"  # it was sent upstream
@@ -301,7 +290,7 @@ async def test_upstream_password_and_a_client_authorization_header(
     headers = {"X-Request-Id": "p-auth", "Authorization": f"Bearer {SECRET_KEY}"}
     async with http.post(f"{proxy.url}/v1/chat/completions", json=CHAT, headers=headers) as resp:
         status = resp.status
-    line = await logged(proxy, "p-auth")
+    line = await proxy.line_for("p-auth")
     assert_no_secret(proxy.log.getvalue())
     assert (status, line["status"], line["outcome"]) == (200, 200, "ok")
 

@@ -1,0 +1,41 @@
+"""The metrics contract of design sections 3, 7 and 10, written out once for the tests.
+
+Kept apart from `proxy.metrics` on purpose: the tests check the code against the design, so their
+tables must not come from the code.
+"""
+
+from __future__ import annotations
+
+METRICS: dict[str, tuple[str, frozenset[str]]] = {
+    "streamwarden_requests_total": ("counter", frozenset({"api", "model", "outcome", "reason"})),
+    "streamwarden_request_duration_seconds": ("histogram", frozenset({"api", "outcome"})),
+    "streamwarden_time_to_first_token_seconds": ("histogram", frozenset({"api", "model"})),
+    "streamwarden_inflight_requests": ("gauge", frozenset({"api"})),
+    "streamwarden_upstream_responses_total": ("counter", frozenset({"api", "code"})),
+    "streamwarden_upstream_cancellations_total": ("counter", frozenset({"api", "reason"})),
+    "streamwarden_stream_rewrites_total": ("counter", frozenset({"api", "reason"})),
+    "streamwarden_tokens_total": ("counter", frozenset({"api", "model", "kind", "source"})),
+    "streamwarden_upstream_up": ("gauge", frozenset()),
+    "streamwarden_build_info": ("gauge", frozenset({"version"})),
+}
+APIS = frozenset({"chat_completions", "completions", "responses", "messages", "embeddings", "models", "other"})
+OUTCOMES = frozenset({"ok", "error", "aborted"})
+REASONS = {
+    "ok": frozenset({"complete"}),
+    "error": frozenset({
+        "upstream_4xx", "upstream_5xx", "connect_failed", "first_byte_timeout", "stall_timeout", "stream_cut",
+        "stray_http_block", "upstream_error_frame", "invalid_upstream_body", "incomplete_batch",
+        "body_too_large", "shutdown", "proxy_error",
+    }),
+    "aborted": frozenset({"client_disconnect", "client_stalled"}),
+}  # fmt: skip
+REQUEST_REASONS = frozenset().union(*REASONS.values())
+CANCELLATION_REASONS = frozenset({
+    "client_disconnect", "client_stalled", "stall_timeout", "first_byte_timeout", "shutdown", "upstream_error",
+})  # fmt: skip
+REWRITE_REASONS = frozenset({
+    "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
+    "malformed_event", "oversized_event", "late_commit_status",
+})  # fmt: skip
+KINDS = frozenset({"prompt", "completion"})
+SOURCES = frozenset({"usage", "estimated"})
