@@ -187,3 +187,27 @@ async def test_second_signal_stops_at_once(serve_factory: Callable[..., Awaitabl
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), 10) == 0
         resp.close()
+
+
+async def test_sigterm_gives_a_waiting_whole_body_request_a_503(
+    serve_factory: Callable[..., Awaitable[Served]],
+) -> None:
+    port, admin_port, proc = await serve_factory("--drain-timeout", "0.5")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+        waiting = asyncio.ensure_future(http.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": []},
+            headers={"x-fault": "late_headers;delay=30"},
+        ))
+        async with asyncio.timeout(5):  # the request is in flight once the proxy counts it
+            while True:
+                async with http.get(f"http://127.0.0.1:{admin_port}/metrics") as resp:
+                    if 'streamwarden_inflight_requests{api="chat_completions"} 1.0' in await resp.text():
+                        break
+                await asyncio.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        resp = await asyncio.wait_for(waiting, 10)
+        assert resp.status == 503
+        body = await resp.json()
+        resp.close()
+    assert body["error"]["code"] == "shutdown"
+    assert await asyncio.wait_for(proc.wait(), 15) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import socket
 from typing import Any
 
@@ -260,3 +261,67 @@ async def test_json_body_beyond_the_bound_passes_unjudged(
     assert through == direct
     line = (await proxy.settled())[-1]
     assert (line["outcome"], line["reason"], line["bytes_out"]) == ("ok", "complete", len(direct))
+
+
+async def test_connect_timeout_gives_504(make_proxy: ProxyFactory, http: aiohttp.ClientSession) -> None:
+    """A listener whose accept queue is full drops SYNs: the connect hangs until --connect-timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = []
+        try:
+            for _ in range(4):
+                filler = socket.socket()
+                filler.setblocking(False)
+                fillers.append(filler)
+                with contextlib.suppress(BlockingIOError):
+                    filler.connect(("127.0.0.1", port))
+            proxy = await make_proxy(upstream=f"http://127.0.0.1:{port}", connect_timeout=0.3)
+            started = asyncio.get_running_loop().time()
+            async with http.post(f"{proxy.url}/v1/chat/completions", json={"model": "m"}) as resp:
+                assert resp.status == 504
+                body = await resp.json()
+            elapsed = asyncio.get_running_loop().time() - started
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert body["error"]["type"] == "timeout_error"
+    assert "connect" in body["error"]["message"]
+    assert 0.25 < elapsed < 5
+    line = (await proxy.settled())[-1]
+    assert (line["outcome"], line["reason"], line["upstream_status"]) == ("error", "first_byte_timeout", None)
+
+
+async def test_reason_phrase_passes(
+    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(status=299, reason="Custom Reason", text="x")
+
+    app = web.Application()
+    app.router.add_get("/x", handler)
+    upstream = await aiohttp_server(app)
+    proxy = await make_proxy(upstream=str(upstream.make_url("")).rstrip("/"))
+    async with http.get(f"{proxy.url}/x") as resp:
+        assert (resp.status, resp.reason) == (299, "Custom Reason")
+
+
+async def test_upstream_pool_limit(make_proxy: ProxyFactory, fake_upstream: FakeUpstream) -> None:
+    """--upstream-max-connections 2: a third stream waits for a free connection (no third socket)."""
+    proxy = await make_proxy(upstream_max_connections=2, hold_headers=0)
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "m", "stream": True, "messages": []}
+        slow = {"x-fault": "slow;rate=20;tokens=1000"}
+        first = await http.post(f"{proxy.url}/v1/chat/completions", json=body, headers=slow)
+        second = await http.post(f"{proxy.url}/v1/chat/completions", json=body, headers=slow)
+        third = asyncio.ensure_future(
+            http.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Request-Id": "third"})
+        )
+        # A negative check has no event to wait on: give a third connection ample time to appear.
+        await asyncio.sleep(0.2)
+        assert fake_upstream.recorder.get("third") is None
+        first.close()
+        third_resp = await asyncio.wait_for(third, 5)
+        assert (await third_resp.read()).endswith(b"data: [DONE]\n\n")
+        second.close()
