@@ -147,7 +147,6 @@ async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, e
             upstream.close()
 
 
-
 async def _outlasting_the_client(
     sending: asyncio.Future[aiohttp.ClientResponse], dialect: Dialect, info: RequestInfo, ex: Exchange, cfg: Config
 ) -> aiohttp.ClientResponse:

@@ -325,3 +325,24 @@ async def test_upstream_pool_limit(make_proxy: ProxyFactory, fake_upstream: Fake
         third_resp = await asyncio.wait_for(third, 5)
         assert (await third_resp.read()).endswith(b"data: [DONE]\n\n")
         second.close()
+
+
+async def test_expect_100_continue_is_answered_by_the_proxy(proxy: Proxy, fake_upstream: FakeUpstream) -> None:
+    """curl sends `Expect: 100-continue` for bodies over 1 KiB; the proxy answers it and sends the body whole."""
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 4000 + b'"}]}'
+    reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
+    try:
+        writer.write(
+            b"POST /_fake/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        await writer.drain()
+        assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 100")
+        await asyncio.wait_for(reader.readline(), 5)  # the blank line after the interim response
+        writer.write(body)
+        await writer.drain()
+        assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+    record = fake_upstream.recorder.all()[-1]
+    assert "expect" not in {name.lower() for name in record.headers}
