@@ -48,15 +48,18 @@ class ClientWriter:
         self.ex.bytes_out += len(data)
 
     def _has_room(self, size: int) -> bool:
-        """The write cannot wait: the transport is not paused and this write will not pause it.
+        """The write cannot wait: writing is not paused and this write will not pause it.
 
-        A paused transport holds more than the low-water mark (it resumes only below it), so a
-        buffer that stays at or below the low mark after this write proves no drain will block.
+        aiohttp only waits (drains) on a paused transport, and the transport pauses once its buffer
+        goes above the high-water mark; below it, a write returns at once and needs no timer.
+        (uvloop's low-water mark is 16 bytes, so the high mark is the one to compare with.)
         """
         transport = self.request.transport
         if transport is None:
             return True  # the write will raise on its own
-        return transport.get_write_buffer_size() + size <= transport.get_write_buffer_limits()[0]
+        if self.request.protocol.writing_paused:
+            return False
+        return transport.get_write_buffer_size() + size <= transport.get_write_buffer_limits()[1]
 
     async def _guarded(self, operation: Awaitable[object]) -> None:
         try:
