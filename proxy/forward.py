@@ -77,6 +77,17 @@ async def handle(request: web.Request) -> web.StreamResponse:
         if ex.phase in (Phase.AWAITING_HEADERS, Phase.RESPONDING) and not ex.drained:
             ex.cancelled(ex.interrupt or "client_disconnect")
         raise
+    except Exception:
+        # A bug of ours. Before the status line: a 500 in the dialect's shape, never a traceback.
+        # After it: cut the connection rather than let aiohttp write a second response into the body.
+        ex.settle("error", "proxy_error")
+        state.recorder.logger.exception("proxy_error", request_id=ex.request_id)
+        if ex.committed:
+            transport = request.transport
+            if transport is not None:
+                transport.abort()
+            raise
+        return error_response(dialect, 500, "the proxy failed to handle the request", "proxy_error", ex)
     finally:
         state.untrack(task)
         state.recorder.finish(ex)

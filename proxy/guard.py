@@ -24,6 +24,7 @@ _FAILURES = {
     "stream_cut": (502, "the upstream stream ended before the response was complete"),
     "stall_timeout": (504, "the upstream sent nothing for too long"),
     "shutdown": (503, "the proxy is shutting down"),
+    "proxy_error": (500, "the proxy failed while relaying the stream"),  # a bug of ours; not a rewrite reason
 }
 _EARLY_DONE = "the upstream ended the stream while a choice had no finish_reason (generation cut short)"
 # End-to-end headers of a stray status block worth keeping on a real status: the SDKs' retry hints.
@@ -144,12 +145,12 @@ class StreamGuard:
         return self._consume(step, out, self._reader.close()) or self._end(step, out)
 
     def fail(self, reason: str) -> Step:
-        """The I/O layer detected a failure: `stream_cut`, `stall_timeout` or `shutdown`."""
+        """The I/O layer detected a failure: `stream_cut`, `stall_timeout`, `shutdown` or `proxy_error`."""
         if self._done:
             return Step()
         step, out = self._begin()
         status, message = _FAILURES.get(reason, (502, "the upstream stream failed"))
-        return self._error(step, out, status, message, reason, reason)
+        return self._error(step, out, status, message, reason, None if reason == "proxy_error" else reason)
 
     def commit(self) -> Step:
         """The hold window expired: commit now and flush what was held."""

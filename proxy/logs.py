@@ -28,6 +28,7 @@ def make_logger(fmt: str = "json", level: str = "info", stream: TextIO | None = 
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,  # a bug's traceback goes to the operator's log only
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),

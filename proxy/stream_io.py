@@ -112,10 +112,12 @@ async def pump_stream(
         if response is not None:
             return response
     except Exception:
-        # A bug of ours after the status line: end the stream as cleanly as the guard allows.
+        # A bug of ours: end as cleanly as the guard still allows (a 500 or an error frame), else cut.
         ex.settle("error", "proxy_error")
-        if not await _try_error_frame(out, guard, ex):
-            out.abort()
+        state.recorder.logger.exception("proxy_error", request_id=ex.request_id)
+        response = await _end_after_bug(out, guard, ex)
+        if response is not None:
+            return response
     finally:
         _count(guard, ex)
     return out.response
@@ -160,12 +162,14 @@ async def _finish_quietly(out: ClientWriter, step: Step, ex: Exchange) -> web.Re
         return None
 
 
-async def _try_error_frame(out: ClientWriter, guard: StreamGuard, ex: Exchange) -> bool:
+async def _end_after_bug(out: ClientWriter, guard: StreamGuard, ex: Exchange) -> web.Response | None:
     try:
-        step = guard.fail("stream_cut")
-        if step.data and out.committed:
-            await out.write(step.data)
-            return True
-    except Exception:
-        return False
-    return False
+        step = guard.fail("proxy_error")
+        if step.failure is not None or step.data:
+            response = await _finish_quietly(out, step, ex)
+            if response is not None or out.committed:
+                return response
+    except Exception:  # the guard itself is what broke
+        pass
+    out.abort()
+    return None

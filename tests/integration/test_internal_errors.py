@@ -1,0 +1,75 @@
+"""A bug of the proxy's own must never show the client a traceback or a second HTTP response.
+
+The bugs are simulated by making one of the proxy's own functions raise (never aiohttp's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy import forward
+from proxy.guard import Step, StreamGuard
+from tests.conftest import ProxyFactory
+
+CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _explode(*_: Any, **__: Any) -> Any:
+    raise RuntimeError("simulated bug")
+
+
+async def test_bug_before_the_status_line_is_a_500_in_the_dialect_shape(
+    make_proxy: ProxyFactory, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = await make_proxy()
+    monkeypatch.setattr(forward, "inspect_request", _explode)
+    async with http.post(f"{proxy.url}/v1/messages", json=CHAT) as resp:
+        assert resp.status == 500
+        body = await resp.json()
+    assert body == {"type": "error", "error": {"type": "api_error", "message": "the proxy failed to handle the request"}}
+    line = (await proxy.settled())[-1]
+    assert (line["outcome"], line["reason"], line["status"]) == ("error", "proxy_error", 500)
+    assert "simulated bug" in proxy.log.getvalue()  # for the operator, in the log
+    assert "simulated bug" not in str(body)
+
+
+async def test_bug_mid_stream_ends_with_an_error_frame(
+    make_proxy: ProxyFactory, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = await make_proxy(hold_headers=0)
+    feed = StreamGuard.feed
+    calls = 0
+
+    def feed_then_break(self: StreamGuard, chunk: bytes) -> Step:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("simulated bug")
+        return feed(self, chunk)
+
+    monkeypatch.setattr(StreamGuard, "feed", feed_then_break)
+    async with http.post(
+        f"{proxy.url}/v1/chat/completions", json=CHAT, headers={"x-fault": "slow;rate=200;tokens=20"}
+    ) as resp:
+        assert resp.status == 200
+        body = await resp.read()  # a clean end of the chunked body: no ClientPayloadError
+    assert b"HTTP/1." not in body
+    assert b'"code":"proxy_error"' in body
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert "simulated bug" not in body.decode()
+    line = (await proxy.settled())[-1]
+    assert (line["outcome"], line["reason"]) == ("error", "proxy_error")
+
+
+async def test_bug_mid_stream_while_holding_is_a_500(
+    make_proxy: ProxyFactory, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = await make_proxy()
+    monkeypatch.setattr(StreamGuard, "feed", _explode)
+    async with http.post(f"{proxy.url}/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 500
+        body = await resp.json()
+    assert body["error"]["code"] == "proxy_error"
