@@ -125,6 +125,10 @@ async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, e
         host=request.headers.get("Host"),
         request_id=ex.request_id,
     )
+    if dialect.json_body:
+        # The guard must read what the upstream sends: ask for it uncompressed. The hop is the pod's
+        # loopback, where compression saves nothing (and vLLM and llama.cpp do not compress anyway).
+        headers.popall("Accept-Encoding", None)
     if state.upstream_authorization and "Authorization" not in headers:
         headers["Authorization"] = state.upstream_authorization
     url = URL(state.upstream_base + request.raw_path, encoded=True)
@@ -144,7 +148,8 @@ async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, e
     finished_cleanly = False
     try:
         content_type = upstream.headers.get("Content-Type", "")
-        if 200 <= upstream.status < 300 and content_type.startswith("text/event-stream"):
+        encoded = upstream.headers.get("Content-Encoding", "identity").lower() != "identity"
+        if 200 <= upstream.status < 300 and content_type.startswith("text/event-stream") and not encoded:
             ex.stream = True
             resp = await pump_stream(request, upstream, state, dialect, ex)
         else:

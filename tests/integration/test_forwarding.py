@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gzip
 import socket
 from typing import Any
 
@@ -346,3 +347,39 @@ async def test_expect_100_continue_is_answered_by_the_proxy(proxy: Proxy, fake_u
         writer.close()
     record = fake_upstream.recorder.all()[-1]
     assert "expect" not in {name.lower() for name in record.headers}
+
+
+async def test_dialect_requests_ask_the_upstream_for_uncompressed_bodies(
+    proxy: Proxy, http: aiohttp.ClientSession, fake_upstream: FakeUpstream
+) -> None:
+    async with http.post(
+        f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": []},
+        headers={"Accept-Encoding": "gzip, br", "X-Request-Id": "enc-1"},
+    ) as resp:
+        assert resp.status == 200
+    record = fake_upstream.recorder.get("enc-1")
+    assert record is not None
+    assert "accept-encoding" not in {name.lower() for name in record.headers}
+    echo = await _echo(http, f"{proxy.url}/_fake/echo", headers={"Accept-Encoding": "gzip"})
+    assert {k.lower(): v for k, v in echo["headers"].items()}["accept-encoding"] == "gzip"  # other paths: as sent
+
+
+async def test_a_compressed_event_stream_passes_untouched(
+    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+) -> None:
+    """An upstream that compresses SSE anyway: the proxy cannot read it, so it copies it through."""
+    plain = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    packed = gzip.compress(plain)
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=packed, headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    upstream = await aiohttp_server(app)
+    proxy = await make_proxy(upstream=str(upstream.make_url("")).rstrip("/"))
+    async with http.post(f"{proxy.url}/v1/chat/completions", json={"stream": True}) as resp:
+        assert resp.headers["Content-Encoding"] == "gzip"
+        assert await resp.read() == plain  # the client decompresses what the upstream compressed
+    line = (await proxy.settled())[-1]
+    assert (line["outcome"], line["reason"]) == ("ok", "complete")

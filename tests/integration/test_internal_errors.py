@@ -29,7 +29,8 @@ async def test_bug_before_the_status_line_is_a_500_in_the_dialect_shape(
     async with http.post(f"{proxy.url}/v1/messages", json=CHAT) as resp:
         assert resp.status == 500
         body = await resp.json()
-    assert body == {"type": "error", "error": {"type": "api_error", "message": "the proxy failed to handle the request"}}
+    message = "the proxy failed to handle the request"
+    assert body == {"type": "error", "error": {"type": "api_error", "message": message}}
     line = (await proxy.settled())[-1]
     assert (line["outcome"], line["reason"], line["status"]) == ("error", "proxy_error", 500)
     assert "simulated bug" in proxy.log.getvalue()  # for the operator, in the log
