@@ -26,6 +26,15 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def _peak_rss_mib() -> float:
+    """VmHWM of this process: the client, the proxy and the fake upstream together."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 async def test_soak_with_abandons(proxy: Proxy, fake_upstream: FakeUpstream) -> None:
     rng = random.Random(1234)
     abandon_after = {i: rng.randint(1, TOKENS - 5) for i in rng.sample(range(STREAMS), STREAMS // 3)}
@@ -74,5 +83,5 @@ async def test_soak_with_abandons(proxy: Proxy, fake_upstream: FakeUpstream) -> 
     p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
     print(f"\nsoak: {STREAMS} streams, {len(latencies)} abandoned; close latency p50 {p50:.1f} ms, "
           f"p99 {p99:.1f} ms, max {latencies[-1] * 1000:.1f} ms; fds {baseline} -> {after} "
-          f"(+{pooled} with the keep-alive pool open)")
+          f"(+{pooled} with the keep-alive pool open); peak RSS of the whole test process {_peak_rss_mib():.0f} MiB")
     assert p99 < 500
