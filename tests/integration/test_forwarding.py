@@ -383,3 +383,46 @@ async def test_a_compressed_event_stream_passes_untouched(
         assert await resp.read() == plain  # the client decompresses what the upstream compressed
     line = (await proxy.settled())[-1]
     assert (line["outcome"], line["reason"]) == ("ok", "complete")
+
+
+async def _cut_body_upstream(aiohttp_server: AiohttpServer, content_type: str) -> str:
+    """An upstream that announces 100 000 bytes, sends 10, then closes the connection."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
+        resp.content_length = 100_000
+        await resp.prepare(request)
+        await resp.write(b'{"id": "x"')
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    upstream = await aiohttp_server(app)
+    return str(upstream.make_url("")).rstrip("/")
+
+
+async def test_whole_json_body_cut_short_is_a_502(
+    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+) -> None:
+    proxy = await make_proxy(upstream=await _cut_body_upstream(aiohttp_server, "application/json"))
+    async with http.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": []}) as resp:
+        assert resp.status == 502
+        body = await resp.json()
+    assert body["error"]["code"] == "stream_cut"
+    line = (await proxy.settled())[-1]
+    assert (line["outcome"], line["reason"]) == ("error", "stream_cut")
+
+
+async def test_passed_through_body_cut_short_cuts_the_client_too(
+    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+) -> None:
+    """A body copied through (here an `other` path) can only be cut: the client must see it broken."""
+    proxy = await make_proxy(upstream=await _cut_body_upstream(aiohttp_server, "application/octet-stream"))
+    async with http.get(f"{proxy.url}/files/model.bin") as resp:
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+    line = (await proxy.settled())[-1]
+    assert (line["outcome"], line["reason"]) == ("error", "stream_cut")
