@@ -57,7 +57,6 @@ class Case:
     message: str
     code: str
     config: dict[str, Any] = field(default_factory=dict)
-    bug: str | None = None
 
     def fault_for(self, dialect: str) -> str:
         return self.fault.format(pre=PREAMBLE[dialect], next=PREAMBLE[dialect] + 1)
@@ -90,9 +89,7 @@ BEFORE_CONTENT = {
 
 def cases(table: dict[str, Case]) -> list[Any]:
     return [
-        pytest.param(case, dialect, id=f"{name}-{dialect}",
-                     marks=[pytest.mark.xfail(strict=True, reason=case.bug)] if case.bug else [])
-        for name, case in table.items() for dialect in case.dialects
+        pytest.param(case, dialect, id=f"{name}-{dialect}") for name, case in table.items() for dialect in case.dialects
     ]  # fmt: skip
 
 
