@@ -21,7 +21,7 @@ from .exchange import Exchange
 from .headers import response_headers
 from .state import ProxyState
 
-__all__ = ["respond_whole"]
+__all__ = ["read_bounded", "respond_whole"]
 
 _CHUNK = 64 * 1024
 _READ_ERRORS = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError)
@@ -35,7 +35,7 @@ def _judged(request: web.Request, upstream: aiohttp.ClientResponse, dialect: Dia
     return encoding == "identity"
 
 
-async def _read_bounded(upstream: aiohttp.ClientResponse, limit: int, idle: float) -> tuple[bytes, bool]:
+async def read_bounded(upstream: aiohttp.ClientResponse, limit: int, idle: float) -> tuple[bytes, bool]:
     """Up to `limit` bytes of the body; the flag tells whether the whole body fits."""
     chunks: list[bytes] = []
     size = 0
@@ -67,13 +67,11 @@ async def respond_whole(
     head = b""
     verdict = _plain_verdict(upstream.status)
     if _judged(request, upstream, dialect):
-        head, whole = await _read_bounded(upstream, cfg.max_body_size, cfg.idle_timeout)
+        head, whole = await read_bounded(upstream, cfg.max_body_size, cfg.idle_timeout)
         if whole:  # a body beyond --max-body-size is passed on unjudged
             judged = judge_body(dialect, info, upstream.status, upstream.headers.get("Content-Type"), head)
             verdict = judged.outcome, judged.reason
-            if judged.usage is not None:
-                ex.prompt_tokens = judged.usage.prompt_tokens
-                ex.completion_tokens = judged.usage.completion_tokens
+            ex.record_usage(judged.usage)
             if judged.replacement is not None:
                 ex.settle(*verdict)
                 status, body = judged.replacement

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dialects import Usage
 from .metrics import Metrics
 
 __all__ = ["Exchange", "Phase", "Recorder"]
@@ -56,6 +57,11 @@ class Exchange:
         if self.outcome is None:
             self.outcome, self.reason = outcome, reason
 
+    def record_usage(self, usage: Usage | None) -> None:
+        """The upstream's own token counts, when it gave them."""
+        if usage is not None:
+            self.prompt_tokens, self.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+
     def cancelled(self, reason: str) -> None:
         if self.upstream_cancelled is None:
             self.upstream_cancelled = reason
@@ -75,11 +81,10 @@ class Recorder:
         if ex.phase == Phase.FINISHED:
             return
         ex.phase = Phase.FINISHED
-        ex.settle("error", "proxy_error")
         m = self.metrics
         now = time.monotonic()
         model = m.models.label(ex.model)
-        outcome, reason = ex.outcome or "error", ex.reason or "proxy_error"
+        outcome, reason = ex.outcome or "error", ex.reason or "proxy_error"  # nothing settled: our bug
         m.inflight.labels(api=ex.api).dec()
         m.requests.labels(api=ex.api, model=model, outcome=outcome, reason=reason).inc()
         m.duration.labels(api=ex.api, outcome=outcome).observe(now - ex.started)

@@ -15,7 +15,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from .abandon import drain_stream, drain_whole
+from .abandon import absorb_cancellation, drain_stream, drain_whole, start_drain
 from .body_io import respond_whole
 from .config import Config
 from .dialects import Dialect, RequestInfo, for_request, inspect_request
@@ -24,7 +24,7 @@ from .exchange import Exchange, Phase
 from .guard import StreamGuard
 from .headers import request_headers
 from .state import STATE, ProxyState
-from .stream_io import pump_stream
+from .stream_io import count_stream, is_stream, pump_stream
 
 __all__ = ["error_response", "handle"]
 
@@ -66,7 +66,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
             resp.force_close()  # the rest of the body is unread
         return resp
     except asyncio.CancelledError:
-        if ex.interrupt is not None and not ex.committed and _uncancelled():
+        if ex.interrupt is not None and not ex.committed and absorb_cancellation():
             # Shutdown reached an exchange that has sent nothing yet: a real 503 it can retry.
             ex.settle("error", ex.interrupt)
             ex.cancelled(ex.interrupt)
@@ -91,12 +91,6 @@ async def handle(request: web.Request) -> web.StreamResponse:
     finally:
         state.untrack(task)
         state.recorder.finish(ex)
-
-
-def _uncancelled() -> bool:
-    """Absorb the one cancellation that interrupted this task; False if more are pending."""
-    task = asyncio.current_task()
-    return task is not None and task.uncancel() == 0
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -145,17 +139,20 @@ async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, e
                 upstream = await sending
     ex.phase = Phase.RESPONDING
     ex.upstream_status = upstream.status
+    stream = is_stream(upstream)
     finished_cleanly = False
     try:
-        content_type = upstream.headers.get("Content-Type", "")
-        encoded = upstream.headers.get("Content-Encoding", "identity").lower() != "identity"
-        if 200 <= upstream.status < 300 and content_type.startswith("text/event-stream") and not encoded:
+        if stream:
             ex.stream = True
             resp = await pump_stream(request, upstream, state, dialect, ex)
         else:
-            resp = await _whole_or_drain(request, upstream, state, dialect, info, ex)
+            resp = await respond_whole(request, upstream, state, dialect, info, ex)
         finished_cleanly = upstream.content.is_eof()
         return resp
+    except asyncio.CancelledError:
+        if not stream and start_drain(ex, cfg.on_abandon):  # (pump_stream drains a stream itself)
+            await drain_whole(upstream, dialect, info, ex, cfg.max_body_size, cfg.idle_timeout)
+        raise
     finally:
         if finished_cleanly:
             upstream.release()
@@ -174,48 +171,20 @@ async def _outlasting_the_client(
     try:
         return await asyncio.shield(sending)
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if ex.interrupt is not None or task is None or task.uncancel() > 0:
+        if not start_drain(ex, cfg.on_abandon):
             sending.cancel()
             raise
-        ex.settle("aborted", "client_disconnect")
-        ex.drained = True
         try:
             upstream = await sending  # still under --first-byte-timeout
         except (aiohttp.ClientError, OSError):
             raise asyncio.CancelledError from None
         try:
-            if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+            if is_stream(upstream):
                 guard = StreamGuard(dialect, hold=False, max_event_size=cfg.max_event_size)
                 await drain_stream(upstream.content, guard, cfg.idle_timeout)
-                if guard.usage is not None:
-                    ex.prompt_tokens = guard.usage.prompt_tokens
-                    ex.completion_tokens = guard.usage.completion_tokens
-                ex.content_events = guard.content_events
+                count_stream(guard, ex)
             else:
                 await drain_whole(upstream, dialect, info, ex, cfg.max_body_size, cfg.idle_timeout)
         finally:
             upstream.close()
         raise asyncio.CancelledError from None
-
-
-async def _whole_or_drain(
-    request: web.Request,
-    upstream: aiohttp.ClientResponse,
-    state: ProxyState,
-    dialect: Dialect,
-    info: RequestInfo,
-    ex: Exchange,
-) -> web.StreamResponse:
-    """A whole body; with --on-abandon drain, a client leaving mid-body still gets its usage read."""
-    try:
-        return await respond_whole(request, upstream, state, dialect, info, ex)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        cfg = state.config
-        if cfg.on_abandon != "drain" or ex.interrupt is not None or task is None or task.uncancel() > 0:
-            raise
-        ex.settle("aborted", "client_disconnect")
-        ex.drained = True
-        await drain_whole(upstream, dialect, info, ex, cfg.max_body_size, cfg.idle_timeout)
-        raise

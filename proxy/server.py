@@ -71,25 +71,24 @@ class Server:
         state = self.state
         state.draining = True
         await self._sites[0].stop()  # stop accepting on the main port; admin keeps answering 503
-        drained = asyncio.create_task(self._wait_idle())
-        hurry = asyncio.create_task(self._hurry.wait())
-        try:
-            await asyncio.wait({drained, hurry}, timeout=self.config.drain_timeout, return_when="FIRST_COMPLETED")
-            interrupted = state.interrupt_all("shutdown")
-            if interrupted:
-                self.logger.info("shutdown", interrupted=interrupted)
-                if not self._hurry.is_set():
-                    await asyncio.wait({asyncio.ensure_future(self._wait_idle()), hurry},
-                                       timeout=_FINAL_GRACE_SECONDS, return_when="FIRST_COMPLETED")
-        finally:
-            drained.cancel()
-            hurry.cancel()
+        await self._until_idle_or_hurried(self.config.drain_timeout)
+        interrupted = state.interrupt_all("shutdown")
+        if interrupted:
+            self.logger.info("shutdown", interrupted=interrupted)
+            await self._until_idle_or_hurried(_FINAL_GRACE_SECONDS)
         await self._main.cleanup()
         await self._admin.cleanup()
 
-    async def _wait_idle(self) -> None:
-        if self.state.live:
-            await self.state.idle.wait()
+    async def _until_idle_or_hurried(self, within: float) -> None:
+        """Wait until no exchange is in flight, a second signal comes, or `within` seconds pass."""
+        if not self.state.live or self._hurry.is_set():
+            return
+        waiters = {asyncio.ensure_future(self.state.idle.wait()), asyncio.ensure_future(self._hurry.wait())}
+        try:
+            await asyncio.wait(waiters, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

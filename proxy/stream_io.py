@@ -15,7 +15,7 @@ import time
 import aiohttp
 from aiohttp import web
 
-from .abandon import drain_stream
+from .abandon import absorb_cancellation, drain_stream, start_drain
 from .client_io import ClientStalled, ClientWriter
 from .dialects import Dialect
 from .exchange import Exchange
@@ -23,10 +23,20 @@ from .guard import Step, StreamGuard
 from .headers import response_headers
 from .state import ProxyState
 
-__all__ = ["KEEPALIVE", "pump_stream"]
+__all__ = ["KEEPALIVE", "count_stream", "is_stream", "pump_stream"]
 
 KEEPALIVE = b": keep-alive\n\n"
 _READ_ERRORS = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError)
+
+
+def is_stream(upstream: aiohttp.ClientResponse) -> bool:
+    """A 2xx event stream the proxy can read (one the upstream compressed anyway is copied through)."""
+    encoding = upstream.headers.get("Content-Encoding", "identity").lower()
+    return (
+        200 <= upstream.status < 300
+        and upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+        and encoding == "identity"
+    )
 
 
 def _stream_response(upstream: aiohttp.ClientResponse, request_id: str) -> web.StreamResponse:
@@ -96,16 +106,11 @@ async def pump_stream(
         ex.cancelled("client_disconnect")
         out.abort()
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is None or task.uncancel() > 0:
-            raise  # cancelled for more than one reason: just unwind
-        if ex.interrupt is None:  # the client left
-            if cfg.on_abandon == "drain":
-                ex.settle("aborted", "client_disconnect")
-                ex.drained = True
-                await drain_stream(reader, guard, cfg.idle_timeout)
-            _count(guard, ex)
+        if start_drain(ex, cfg.on_abandon):
+            await drain_stream(reader, guard, cfg.idle_timeout)
             raise
+        if ex.interrupt is None or not absorb_cancellation():
+            raise  # the client left (or more than one cancellation is pending): just unwind
         # The server asked this stream to end (shutdown): finish it with the dialect's error frame.
         ex.cancelled(ex.interrupt)
         response = await _finish_quietly(out, guard.fail(ex.interrupt), ex)
@@ -119,17 +124,16 @@ async def pump_stream(
         if response is not None:
             return response
     finally:
-        _count(guard, ex)
+        count_stream(guard, ex)
     return out.response
 
 
-def _count(guard: StreamGuard, ex: Exchange) -> None:
+def count_stream(guard: StreamGuard, ex: Exchange) -> None:
+    """Copy what the guard counted into the exchange's record."""
     ex.events = guard.events
     ex.content_events = guard.content_events
     ex.rewrites = list(guard.rewrites)
-    if guard.usage is not None:
-        ex.prompt_tokens = guard.usage.prompt_tokens
-        ex.completion_tokens = guard.usage.completion_tokens
+    ex.record_usage(guard.usage)
 
 
 async def _apply(out: ClientWriter, step: Step, ex: Exchange) -> web.Response | None:
@@ -163,12 +167,11 @@ async def _finish_quietly(out: ClientWriter, step: Step, ex: Exchange) -> web.Re
 
 
 async def _end_after_bug(out: ClientWriter, guard: StreamGuard, ex: Exchange) -> web.Response | None:
+    """A 500 before the commit, an error frame after it; a cut if the guard has nothing to say."""
     try:
         step = guard.fail("proxy_error")
         if step.failure is not None or step.data:
-            response = await _finish_quietly(out, step, ex)
-            if response is not None or out.committed:
-                return response
+            return await _finish_quietly(out, step, ex)
     except Exception:  # the guard itself is what broke
         pass
     out.abort()
