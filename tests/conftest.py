@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.app import build_apps, build_state
@@ -85,6 +86,20 @@ async def fake_upstream(aiohttp_server: AiohttpServer) -> FakeUpstream:
 
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
+ServeUpstream = Callable[[Callable[[web.Request], Awaitable[web.StreamResponse]]], Awaitable[str]]
+
+
+@pytest.fixture
+def serve_upstream(aiohttp_server: AiohttpServer) -> ServeUpstream:
+    """Serve one handler on every method and path, as a hand-made upstream; returns its base URL."""
+
+    async def start(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> str:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        server = await aiohttp_server(app)
+        return str(server.make_url("")).rstrip("/")
+
+    return start
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import AiohttpServer, FakeUpstream, Proxy, ProxyFactory
+from tests.conftest import FakeUpstream, Proxy, ProxyFactory, ServeUpstream
 
 BOUND = 0.5
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -244,7 +244,7 @@ async def test_on_abandon_drain_while_awaiting_headers(
 
 
 async def test_no_keepalive_after_an_upstream_id_line(
-    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory
+    serve_upstream: ServeUpstream, make_proxy: ProxyFactory
 ) -> None:
     """After `id:` a comment would become an empty event that openai-python fails to parse."""
     import openai
@@ -259,10 +259,7 @@ async def test_no_keepalive_after_an_upstream_id_line(
         await resp.write(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    upstream = await aiohttp_server(app)
-    proxy = await make_proxy(upstream=str(upstream.make_url("")).rstrip("/"), keepalive_interval=0.02)
+    proxy = await make_proxy(upstream=await serve_upstream(handler), keepalive_interval=0.02)
     async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
         stream = await client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}], stream=True

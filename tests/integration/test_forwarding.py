@@ -15,7 +15,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from tests.conftest import AiohttpServer, FakeUpstream, Proxy, ProxyFactory
+from tests.conftest import FakeUpstream, Proxy, ProxyFactory, ServeUpstream
 
 
 async def _echo(http: aiohttp.ClientSession, url: str | URL, method: str = "GET", **kwargs: Any) -> dict[str, Any]:
@@ -82,7 +82,7 @@ async def test_request_id_is_made_when_absent(proxy: Proxy, http: aiohttp.Client
 
 
 async def test_hop_by_hop_response_headers_are_dropped(
-    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+    serve_upstream: ServeUpstream, make_proxy: ProxyFactory, http: aiohttp.ClientSession
 ) -> None:
     async def handler(request: web.Request) -> web.Response:
         return web.Response(
@@ -90,10 +90,7 @@ async def test_hop_by_hop_response_headers_are_dropped(
             headers={"Connection": "X-Secret", "X-Secret": "hop", "Retry-After": "3", "X-RateLimit-Limit": "10"},
         )
 
-    app = web.Application()
-    app.router.add_get("/x", handler)
-    upstream = await aiohttp_server(app)
-    proxy = await make_proxy(upstream=str(upstream.make_url("")).rstrip("/"))
+    proxy = await make_proxy(upstream=await serve_upstream(handler))
     async with http.get(f"{proxy.url}/x") as resp:
         assert await resp.text() == "ok"
         assert "X-Secret" not in resp.headers
@@ -102,7 +99,7 @@ async def test_hop_by_hop_response_headers_are_dropped(
 
 
 async def test_upstream_path_prefix(
-    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+    serve_upstream: ServeUpstream, make_proxy: ProxyFactory, http: aiohttp.ClientSession
 ) -> None:
     seen: list[str] = []
 
@@ -110,10 +107,7 @@ async def test_upstream_path_prefix(
         seen.append(request.raw_path)
         return web.json_response({"object": "list", "data": []})
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    upstream = await aiohttp_server(app)
-    proxy = await make_proxy(upstream=str(upstream.make_url("/prefix")))
+    proxy = await make_proxy(upstream=await serve_upstream(handler) + "/prefix")
     async with http.get(URL(f"{proxy.url}/v1/models?x=%2F", encoded=True)) as resp:
         assert resp.status == 200
     assert seen == ["/prefix/v1/models?x=%2F"]
@@ -186,7 +180,7 @@ async def test_first_byte_timeout_gives_504_json(make_proxy: ProxyFactory, http:
 
 
 async def test_first_event_reaches_the_client_before_the_upstream_writes_the_second(
-    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+    serve_upstream: ServeUpstream, make_proxy: ProxyFactory, http: aiohttp.ClientSession
 ) -> None:
     go_on = asyncio.Event()
 
@@ -198,10 +192,7 @@ async def test_first_event_reaches_the_client_before_the_upstream_writes_the_sec
         await resp.write(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    upstream = await aiohttp_server(app)
-    proxy = await make_proxy(upstream=str(upstream.make_url("")).rstrip("/"))
+    proxy = await make_proxy(upstream=await serve_upstream(handler))
     async with http.post(f"{proxy.url}/v1/chat/completions", json={"stream": True}) as resp:
         first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
         assert b'"content":"a"' in first
@@ -295,15 +286,12 @@ async def test_connect_timeout_gives_504(make_proxy: ProxyFactory, http: aiohttp
 
 
 async def test_reason_phrase_passes(
-    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+    serve_upstream: ServeUpstream, make_proxy: ProxyFactory, http: aiohttp.ClientSession
 ) -> None:
     async def handler(request: web.Request) -> web.Response:
         return web.Response(status=299, reason="Custom Reason", text="x")
 
-    app = web.Application()
-    app.router.add_get("/x", handler)
-    upstream = await aiohttp_server(app)
-    proxy = await make_proxy(upstream=str(upstream.make_url("")).rstrip("/"))
+    proxy = await make_proxy(upstream=await serve_upstream(handler))
     async with http.get(f"{proxy.url}/x") as resp:
         assert (resp.status, resp.reason) == (299, "Custom Reason")
 
@@ -365,7 +353,7 @@ async def test_dialect_requests_ask_the_upstream_for_uncompressed_bodies(
 
 
 async def test_a_compressed_event_stream_passes_untouched(
-    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+    serve_upstream: ServeUpstream, make_proxy: ProxyFactory, http: aiohttp.ClientSession
 ) -> None:
     """An upstream that compresses SSE anyway: the proxy cannot read it, so it copies it through."""
     plain = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
@@ -374,10 +362,7 @@ async def test_a_compressed_event_stream_passes_untouched(
     async def handler(request: web.Request) -> web.Response:
         return web.Response(body=packed, headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"})
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    upstream = await aiohttp_server(app)
-    proxy = await make_proxy(upstream=str(upstream.make_url("")).rstrip("/"))
+    proxy = await make_proxy(upstream=await serve_upstream(handler))
     async with http.post(f"{proxy.url}/v1/chat/completions", json={"stream": True}) as resp:
         assert resp.headers["Content-Encoding"] == "gzip"
         assert await resp.read() == plain  # the client decompresses what the upstream compressed
@@ -385,7 +370,7 @@ async def test_a_compressed_event_stream_passes_untouched(
     assert (line["outcome"], line["reason"]) == ("ok", "complete")
 
 
-async def _cut_body_upstream(aiohttp_server: AiohttpServer, content_type: str) -> str:
+async def _cut_body_upstream(serve_upstream: ServeUpstream, content_type: str) -> str:
     """An upstream that announces 100 000 bytes, sends 10, then closes the connection."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -397,16 +382,13 @@ async def _cut_body_upstream(aiohttp_server: AiohttpServer, content_type: str) -
         request.transport.close()
         return resp
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    upstream = await aiohttp_server(app)
-    return str(upstream.make_url("")).rstrip("/")
+    return await serve_upstream(handler)
 
 
 async def test_whole_json_body_cut_short_is_a_502(
-    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+    serve_upstream: ServeUpstream, make_proxy: ProxyFactory, http: aiohttp.ClientSession
 ) -> None:
-    proxy = await make_proxy(upstream=await _cut_body_upstream(aiohttp_server, "application/json"))
+    proxy = await make_proxy(upstream=await _cut_body_upstream(serve_upstream, "application/json"))
     async with http.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": []}) as resp:
         assert resp.status == 502
         body = await resp.json()
@@ -416,10 +398,10 @@ async def test_whole_json_body_cut_short_is_a_502(
 
 
 async def test_passed_through_body_cut_short_cuts_the_client_too(
-    aiohttp_server: AiohttpServer, make_proxy: ProxyFactory, http: aiohttp.ClientSession
+    serve_upstream: ServeUpstream, make_proxy: ProxyFactory, http: aiohttp.ClientSession
 ) -> None:
     """A body copied through (here an `other` path) can only be cut: the client must see it broken."""
-    proxy = await make_proxy(upstream=await _cut_body_upstream(aiohttp_server, "application/octet-stream"))
+    proxy = await make_proxy(upstream=await _cut_body_upstream(serve_upstream, "application/octet-stream"))
     async with http.get(f"{proxy.url}/files/model.bin") as resp:
         assert resp.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):

@@ -19,25 +19,11 @@ import anthropic
 import openai
 import orjson
 import pytest
-from anthropic.types import MessageParam
+from guard_cases import ALL, ANTHROPIC_MESSAGES, ANTHROPIC_TYPE, MESSAGES, OPENAI_TYPE, REQUESTS, error_body
 from multidict import CIMultiDictProxy
-from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import FakeUpstream, Proxy, ProxyFactory
 
-MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
-ANTHROPIC_MESSAGES: list[MessageParam] = [{"role": "user", "content": "hi"}]
-REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "chat_completions": ("/v1/chat/completions", {"model": "m", "messages": MESSAGES, "max_tokens": 4}),
-    "completions": ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 4}),
-    "responses": ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 4}),
-    "messages": ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": MESSAGES}),
-}
-ALL = tuple(REQUESTS)
-OPENAI_TYPE = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
-               500: "server_error", 502: "server_error", 503: "server_error", 504: "timeout_error"}  # fmt: skip
-ANTHROPIC_TYPE = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error", 500: "api_error",
-                  502: "api_error", 503: "overloaded_error", 504: "timeout_error"}  # fmt: skip
 # The headers an SDK acts on, which must survive any rewrite.
 RETRY_HEADERS = ("Retry-After", "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
                  "x-ratelimit-reset-requests")  # fmt: skip
@@ -73,12 +59,6 @@ UNTOUCHED = {
     "upstream_4xx_native;status=404": (404, "upstream_4xx"),
     "fail_first": (503, "upstream_5xx"),
 }
-
-
-def error_body(dialect: str, status: int, message: str, code: str) -> dict[str, Any]:
-    if dialect == "messages":
-        return {"type": "error", "error": {"type": ANTHROPIC_TYPE[status], "message": message}}
-    return {"error": {"message": message, "type": OPENAI_TYPE[status], "param": None, "code": code}}
 
 
 @dataclass

@@ -20,38 +20,28 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from guard_cases import (
+    ALL,
+    CHAT_LIKE,
+    CUT_MESSAGE,
+    EARLY_DONE_MESSAGE,
+    EVENT_LIMIT,
+    FAKE_MESSAGE,
+    OPENAI_TYPE,
+    OVERSIZED_MESSAGE,
+    PREAMBLE,
+    REQUESTS,
+    RESPONSES_CODE,
+    STALL_MESSAGE,
+    STRAY_MESSAGE,
+    error_body,
+)
 from multidict import CIMultiDictProxy
 
 from tests.conftest import FakeUpstream, Proxy, ProxyFactory
 
-MESSAGES = [{"role": "user", "content": "hi"}]
-REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "chat_completions": ("/v1/chat/completions", {"model": "m", "messages": MESSAGES, "max_tokens": 4}),
-    "completions": ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 4}),
-    "responses": ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 4}),
-    "messages": ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": MESSAGES}),
-}
-ALL = tuple(REQUESTS)
-CHAT_LIKE = ("chat_completions", "completions")
-# Events the fake writes before the first content event (role chunk; created..part.added; start, block, ping).
-PREAMBLE = {"chat_completions": 1, "completions": 0, "responses": 4, "messages": 3}
 TOKENS = 4
 
-# Design section 10, written out.
-OPENAI_TYPE = {400: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 502: "server_error",
-               503: "server_error", 504: "timeout_error"}  # fmt: skip
-ANTHROPIC_TYPE = {400: "invalid_request_error", 429: "rate_limit_error", 500: "api_error", 502: "api_error",
-                  503: "overloaded_error", 504: "timeout_error"}  # fmt: skip
-RESPONSES_CODE = {400: "invalid_prompt", 429: "rate_limit_exceeded", 500: "server_error", 502: "server_error",
-                  503: "server_error", 504: "server_error"}  # fmt: skip
-
-STRAY_MESSAGE = "Service Unavailable: engine overloaded"
-CUT_MESSAGE = "the upstream stream ended before the response was complete"
-STALL_MESSAGE = "the upstream sent nothing for too long"
-FAKE_MESSAGE = "fake upstream: generation failed"
-EARLY_DONE_MESSAGE = "the upstream ended the stream while a choice had no finish_reason (generation cut short)"
-EVENT_LIMIT = 16384
-OVERSIZED_MESSAGE = f"an upstream event exceeded the proxy's limit of {EVENT_LIMIT} bytes"
 STALL = {"idle_timeout": 0.5}
 OVERSIZED = {"max_event_size": EVENT_LIMIT}
 
@@ -142,13 +132,6 @@ def rewrites(proxy: Proxy, dialect: str, reason: str) -> float:
 
 
 # ---- what a dialect's error looks like --------------------------------------------------------------
-
-
-def error_body(dialect: str, status: int, message: str, code: str) -> dict[str, Any]:
-    """The whole-body JSON error of the dialect (design section 4)."""
-    if dialect == "messages":
-        return {"type": "error", "error": {"type": ANTHROPIC_TYPE[status], "message": message}}
-    return {"error": {"message": message, "type": OPENAI_TYPE[status], "param": None, "code": code}}
 
 
 def check_framing(dialect: str, frames: list[Frame]) -> None:

@@ -18,35 +18,34 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from anthropic.types import MessageParam
-from openai.types.chat import ChatCompletionMessageParam
+from guard_cases import (
+    ALL,
+    ANTHROPIC_MESSAGES,
+    ANTHROPIC_TYPE,
+    CHAT_LIKE,
+    CUT_MESSAGE,
+    EARLY_DONE_MESSAGE,
+    EVENT_LIMIT,
+    FAKE_MESSAGE,
+    MESSAGES,
+    OPENAI_TYPE,
+    OVERSIZED_MESSAGE,
+    PREAMBLE,
+    STALL_MESSAGE,
+    STRAY_MESSAGE,
+)
 
 from tests.conftest import FakeUpstream, Proxy, ProxyFactory
 
-MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
-ANTHROPIC_MESSAGES: list[MessageParam] = [{"role": "user", "content": "hi"}]
-ALL = ("chat_completions", "completions", "responses", "messages")
-CHAT_LIKE = ("chat_completions", "completions")
-PREAMBLE = {"chat_completions": 1, "completions": 0, "responses": 4, "messages": 3}
 TEXT = "The fake upstream streams"  # the fake's first four words: max tokens 4
 BOUND = 5.0
 
-OPENAI_TYPE = {400: "invalid_request_error", 500: "server_error", 502: "server_error", 503: "server_error",
-               504: "timeout_error"}  # fmt: skip
-ANTHROPIC_TYPE = {400: "invalid_request_error", 500: "api_error", 502: "api_error", 503: "overloaded_error",
-                  504: "timeout_error"}  # fmt: skip
 OPENAI_STATUS_CLASS = {502: openai.InternalServerError, 503: openai.InternalServerError,
                        504: openai.InternalServerError}  # fmt: skip
 ANTHROPIC_STATUS_CLASS: dict[int, type[anthropic.APIStatusError]] = {
     502: anthropic.InternalServerError, 503: anthropic.ServiceUnavailableError, 504: anthropic.GatewayTimeoutError,
 }  # fmt: skip
 
-STRAY = "Service Unavailable: engine overloaded"
-CUT = "the upstream stream ended before the response was complete"
-STALL = "the upstream sent nothing for too long"
-FAKE = "fake upstream: generation failed"
-EARLY_DONE = "the upstream ended the stream while a choice had no finish_reason (generation cut short)"
-LIMIT = 16384
 
 
 @dataclass(frozen=True)
@@ -64,26 +63,26 @@ class Case:
 
 
 IN_STREAM = {
-    "stray_503": Case("stray_503;after={next}", ALL, 503, STRAY, "stray_http_block"),
-    "cut": Case("cut", ALL, 502, CUT, "stream_cut"),
-    "cut_eof": Case("cut;eof=1", ALL, 502, CUT, "stream_cut"),
-    "reset": Case("reset", ALL, 502, CUT, "stream_cut"),
-    "stall": Case("stall;hold=30", ALL, 504, STALL, "stall_timeout", {"idle_timeout": 0.5}),
+    "stray_503": Case("stray_503;after={next}", ALL, 503, STRAY_MESSAGE, "stray_http_block"),
+    "cut": Case("cut", ALL, 502, CUT_MESSAGE, "stream_cut"),
+    "cut_eof": Case("cut;eof=1", ALL, 502, CUT_MESSAGE, "stream_cut"),
+    "reset": Case("reset", ALL, 502, CUT_MESSAGE, "stream_cut"),
+    "stall": Case("stall;hold=30", ALL, 504, STALL_MESSAGE, "stall_timeout", {"idle_timeout": 0.5}),
     "oversized_event": Case("oversized_event;size=65536", ALL, 502,
-                            f"an upstream event exceeded the proxy's limit of {LIMIT} bytes", "stream_cut",
-                            {"max_event_size": LIMIT}),
-    "no_terminal": Case("no_terminal", ("responses",), 502, CUT, "stream_cut"),
-    "error_object_foreign": Case("error_object_foreign", CHAT_LIKE, 400, FAKE, "upstream_error_frame"),
-    "error_string": Case("error_string", CHAT_LIKE, 502, FAKE, "upstream_error_frame"),
-    "error_field": Case("error_field", CHAT_LIKE, 500, FAKE, "upstream_error_frame"),
-    "done_without_finish": Case("done_without_finish", CHAT_LIKE, 502, EARLY_DONE, "stream_cut"),
+                            OVERSIZED_MESSAGE, "stream_cut",
+                            {"max_event_size": EVENT_LIMIT}),
+    "no_terminal": Case("no_terminal", ("responses",), 502, CUT_MESSAGE, "stream_cut"),
+    "error_object_foreign": Case("error_object_foreign", CHAT_LIKE, 400, FAKE_MESSAGE, "upstream_error_frame"),
+    "error_string": Case("error_string", CHAT_LIKE, 502, FAKE_MESSAGE, "upstream_error_frame"),
+    "error_field": Case("error_field", CHAT_LIKE, 500, FAKE_MESSAGE, "upstream_error_frame"),
+    "done_without_finish": Case("done_without_finish", CHAT_LIKE, 502, EARLY_DONE_MESSAGE, "stream_cut"),
 }  # fmt: skip
 
 BEFORE_CONTENT = {
-    "stray_503": Case("stray_503;after={pre}", ALL, 503, STRAY, "stray_http_block"),
-    "cut": Case("cut;after={pre}", ALL, 502, CUT, "stream_cut"),
-    "reset": Case("reset;after={pre}", ALL, 502, CUT, "stream_cut"),
-    "stall": Case("stall;after={pre};hold=30", ALL, 504, STALL, "stall_timeout", {"idle_timeout": 0.5}),
+    "stray_503": Case("stray_503;after={pre}", ALL, 503, STRAY_MESSAGE, "stray_http_block"),
+    "cut": Case("cut;after={pre}", ALL, 502, CUT_MESSAGE, "stream_cut"),
+    "reset": Case("reset;after={pre}", ALL, 502, CUT_MESSAGE, "stream_cut"),
+    "stall": Case("stall;after={pre};hold=30", ALL, 504, STALL_MESSAGE, "stall_timeout", {"idle_timeout": 0.5}),
 }
 
 
@@ -203,10 +202,10 @@ async def test_upstream_error_frame_raises(proxy: Proxy, dialect: str) -> None:
     assert text_of(dialect, seen) == "The"
     if dialect == "messages":
         assert type(exc) is anthropic.APIStatusError
-        assert (exc.status_code, exc.type, exc.api_message) == (200, "api_error", FAKE)
+        assert (exc.status_code, exc.type, exc.api_message) == (200, "api_error", FAKE_MESSAGE)
     else:
         assert type(exc) is openai.APIError
-        assert exc.message == FAKE
+        assert exc.message == FAKE_MESSAGE
         # vLLM's shape (an integer code, its exception name as type) is passed unchanged in its own dialect.
         expected = ("server_error", "server_error") if dialect == "responses" else ("InternalServerError", "500")
         assert (exc.type, exc.code) == expected

@@ -21,6 +21,21 @@ def _explode(*_: Any, **__: Any) -> Any:
     raise RuntimeError("simulated bug")
 
 
+def _break_feed_at(monkeypatch: pytest.MonkeyPatch, call: int) -> None:
+    """The guard's `feed` works until its `call`-th use, which raises."""
+    feed = StreamGuard.feed
+    calls = 0
+
+    def feed_then_break(self: StreamGuard, chunk: bytes) -> Step:
+        nonlocal calls
+        calls += 1
+        if calls == call:
+            raise RuntimeError("simulated bug")
+        return feed(self, chunk)
+
+    monkeypatch.setattr(StreamGuard, "feed", feed_then_break)
+
+
 async def test_bug_before_the_status_line_is_a_500_in_the_dialect_shape(
     make_proxy: ProxyFactory, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -41,17 +56,7 @@ async def test_bug_mid_stream_ends_with_an_error_frame(
     make_proxy: ProxyFactory, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proxy = await make_proxy(hold_headers=0)
-    feed = StreamGuard.feed
-    calls = 0
-
-    def feed_then_break(self: StreamGuard, chunk: bytes) -> Step:
-        nonlocal calls
-        calls += 1
-        if calls == 3:
-            raise RuntimeError("simulated bug")
-        return feed(self, chunk)
-
-    monkeypatch.setattr(StreamGuard, "feed", feed_then_break)
+    _break_feed_at(monkeypatch, 3)
     async with http.post(
         f"{proxy.url}/v1/chat/completions", json=CHAT, headers={"x-fault": "slow;rate=200;tokens=20"}
     ) as resp:
@@ -74,3 +79,20 @@ async def test_bug_mid_stream_while_holding_is_a_500(
         assert resp.status == 500
         body = await resp.json()
     assert body["error"]["code"] == "proxy_error"
+
+
+async def test_bug_in_the_guard_itself_mid_stream_cuts_the_connection(
+    make_proxy: ProxyFactory, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When not even an error frame can be built, the client must see a broken body, not a clean end."""
+    proxy = await make_proxy(hold_headers=0)
+    _break_feed_at(monkeypatch, 3)
+    monkeypatch.setattr(StreamGuard, "fail", _explode)
+    async with http.post(
+        f"{proxy.url}/v1/chat/completions", json=CHAT, headers={"x-fault": "slow;rate=200;tokens=20"}
+    ) as resp:
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+    line = (await proxy.settled())[-1]
+    assert (line["outcome"], line["reason"]) == ("error", "proxy_error")
