@@ -7,6 +7,7 @@ import asyncio
 import time
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from .metrics import CONTENT_TYPE_LATEST
@@ -18,8 +19,40 @@ PROBE_TIMEOUT_SECONDS = 2.0
 PROBE_CACHE_SECONDS = 2.0
 
 
+MODELS_PATH = "/v1/models"
+_MODELS_BODY_MAX = 1024 * 1024
+
+
+def served_models(body: bytes) -> list[str] | None:
+    """The model ids of an OpenAI `/v1/models` answer; None when it is not one."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [item["id"] for item in data if isinstance(item, dict) and isinstance(item.get("id"), str)]
+
+
+async def _bounded_body(resp: aiohttp.ClientResponse) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < _MODELS_BODY_MAX:
+        chunk = await resp.content.readany()
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 class UpstreamProbe:
-    """`GET <upstream><health-path>`: up when it answers below 500 within 2 s; cached for 2 s."""
+    """`GET <upstream><health-path>`: up when it answers below 500 within 2 s; cached for 2 s.
+
+    The same probe learns the upstream's model names (from `/v1/models`), so that those keep their
+    own metric label whatever names clients send.
+    """
 
     def __init__(self, state: ProxyState) -> None:
         self.state = state
@@ -36,17 +69,28 @@ class UpstreamProbe:
             return self._up
 
     async def _probe(self) -> bool:
-        cfg = self.state.config
+        path = self.state.config.health_path
+        status, body = await self._get(path)
+        up = status is not None and status < 500
+        if up and path != MODELS_PATH:
+            status, body = await self._get(MODELS_PATH)
+        names = served_models(body) if status == 200 else None
+        if names is not None:
+            self.state.metrics.models.set_served(names)
+        return up
+
+    async def _get(self, path: str) -> tuple[int | None, bytes]:
+        """(status, up to 1 MiB of the body); (None, b"") when the upstream did not answer in time."""
+        state = self.state
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
+        headers = {"Authorization": state.upstream_authorization} if state.upstream_authorization else None
         try:
-            state = self.state
-            headers = {"Authorization": state.upstream_authorization} if state.upstream_authorization else None
             async with state.upstream_session.get(
-                state.upstream_base + cfg.health_path, timeout=timeout, allow_redirects=False, headers=headers
+                state.upstream_base + path, timeout=timeout, allow_redirects=False, headers=headers
             ) as resp:
-                return resp.status < 500
+                return resp.status, await _bounded_body(resp) if resp.status == 200 else b""
         except (aiohttp.ClientError, OSError, TimeoutError):
-            return False
+            return None, b""
 
 
 PROBE: web.AppKey[UpstreamProbe] = web.AppKey("streamwarden_probe", UpstreamProbe)

@@ -1,31 +1,33 @@
-"""Building the proxy's two aiohttp applications around one `ProxyState`."""
+"""Building the proxy's two servers around one `ProxyState`: the main port's and the admin app."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from .admin import build_admin_app
 from .config import Config
+from .connections import ConnectionRules, ProxyServer
 from .exchange import Recorder
-from .forward import handle
+from .forward import make_handler
 from .logs import make_logger
 from .metrics import Metrics
-from .state import STATE, ProxyState
+from .state import ProxyState
+from .upstream_pool import GuardedConnector
 
-__all__ = ["build_apps", "build_state", "open_upstream_session"]
+__all__ = ["LINGERING_SECONDS", "build_admin_app", "build_main_server", "build_state", "open_upstream_session"]
 
 # Below uvicorn's 5 s keep-alive, so the proxy drops an idle pooled connection before the backend
 # does; otherwise a request could be sent on a socket the backend is just closing (a spurious 502).
 UPSTREAM_KEEPALIVE_SECONDS = 4.0
+# How long aiohttp reads and discards a request body the handler left unread (nginx: lingering_timeout 5 s).
+LINGERING_SECONDS = 5.0
 
 
 def open_upstream_session(config: Config) -> aiohttp.ClientSession:
     """The pooled upstream client: unlimited connections by default, no cookies, no rewriting."""
-    connector = aiohttp.TCPConnector(
+    connector = GuardedConnector(
         limit=config.upstream_max_connections,
         limit_per_host=0,
         keepalive_timeout=UPSTREAM_KEEPALIVE_SECONDS,
@@ -51,18 +53,24 @@ def build_state(config: Config, *, metrics: Metrics | None = None, logger: Any =
     return ProxyState(config=config, metrics=metrics, recorder=Recorder(metrics, logger))
 
 
-def build_apps(state: ProxyState) -> tuple[web.Application, web.Application]:
-    """(main app, admin app). The main app owns the upstream session's lifetime."""
-    app = web.Application(client_max_size=state.config.max_body_size)
-    app[STATE] = state
-
-    async def upstream_session(_: web.Application) -> AsyncIterator[None]:
-        state.session = open_upstream_session(state.config)
-        try:
-            yield
-        finally:
-            await state.session.close()
-
-    app.cleanup_ctx.append(upstream_session)
-    app.router.add_route("*", "/{tail:.*}", handle)
-    return app, build_admin_app(state)
+def build_main_server(state: ProxyState, max_connections: int | None = None) -> ProxyServer:
+    """The main port: aiohttp's low-level server (every method and path goes to one handler)."""
+    cfg = state.config
+    rules = ConnectionRules(
+        header_timeout=cfg.client_header_timeout,
+        max_header_size=cfg.max_header_size,
+        max_connections=max_connections or cfg.max_client_connections,
+    )
+    return ProxyServer(
+        make_handler(state),
+        rules=rules,
+        recorder=state.recorder,
+        handler_cancellation=True,  # a client that leaves cancels its handler, which cancels the upstream
+        access_log=None,
+        keepalive_timeout=cfg.client_keepalive_timeout,
+        # The total head is bounded by --max-header-size; one line may use all of it.
+        max_line_size=cfg.max_header_size,
+        max_field_size=cfg.max_header_size,
+        lingering_time=LINGERING_SECONDS,
+        auto_decompress=False,  # request bodies go upstream byte for byte, compressed or not
+    )

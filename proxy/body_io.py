@@ -27,7 +27,7 @@ _CHUNK = 64 * 1024
 _READ_ERRORS = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError)
 
 
-def _judged(request: web.Request, upstream: aiohttp.ClientResponse, dialect: Dialect) -> bool:
+def _judged(request: web.BaseRequest, upstream: aiohttp.ClientResponse, dialect: Dialect) -> bool:
     """Whether this body is one the proxy must read and check before passing it on."""
     if not dialect.json_body or request.method == "HEAD" or upstream.status in (204, 304):
         return False
@@ -56,7 +56,7 @@ async def read_bounded(upstream: aiohttp.ClientResponse, limit: int, idle: float
 
 
 async def respond_whole(
-    request: web.Request,
+    request: web.BaseRequest,
     upstream: aiohttp.ClientResponse,
     state: ProxyState,
     dialect: Dialect,
@@ -92,7 +92,7 @@ def _plain_verdict(status: int) -> tuple[str, str]:
 
 
 async def _copy_through(
-    request: web.Request,
+    request: web.BaseRequest,
     upstream: aiohttp.ClientResponse,
     state: ProxyState,
     ex: Exchange,

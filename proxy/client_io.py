@@ -22,7 +22,7 @@ class ClientStalled(Exception):
 
 
 class ClientWriter:
-    def __init__(self, request: web.Request, response: web.StreamResponse, ex: Exchange, stall_timeout: float):
+    def __init__(self, request: web.BaseRequest, response: web.StreamResponse, ex: Exchange, stall_timeout: float):
         self.request = request
         self.response = response
         self.ex = ex

@@ -127,7 +127,21 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "model-label-limit": (_positive_count, "50", "distinct model label values before the rest become 'other'"),
     "log-format": (_choice("json", "console"), "json", "one JSON line per request, or human-readable"),
     "log-level": (_choice("debug", "info", "warning", "error"), "info", "lowest level that is logged"),
+    "admin-host": (_host, None, "address the admin port listens on (default: --host's)"),
+    "client-header-timeout": (
+        _positive_seconds, "60", "seconds a client may take to send a request's line and headers (then 408)",
+    ),
+    "client-body-timeout": (_positive_seconds, "60", "longest gap in seconds between reads of a body (then 408)"),
+    "client-keepalive-timeout": (_positive_seconds, "75", "seconds an idle keep-alive client connection stays open"),
+    "max-header-size": (parse_size, "64KiB", "largest request line plus headers accepted (bigger: 431)"),
+    "max-client-connections": (
+        _positive_count, "4096", "open client connections on the main port (more: 503 and closed)",
+    ),
+    "max-buffered-body-bytes": (
+        parse_size, "256MiB", "request body bytes held at once across all requests (more: 503)",
+    ),
 }
+_OPTIONAL = frozenset({"admin-host"})  # flags whose default is derived from another flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +166,18 @@ class Config:
     model_label_limit: int = 50
     log_format: str = "json"
     log_level: str = "info"
+    admin_host: str = ""  # "" = the same as `host`
+    client_header_timeout: float = 60.0
+    client_body_timeout: float = 60.0
+    client_keepalive_timeout: float = 75.0
+    max_header_size: int = 64 * 1024
+    max_client_connections: int = 4096
+    max_buffered_body_bytes: int = 256 * 1024 * 1024
     max_event_size: int = 8 * 1024 * 1024
+
+    @property
+    def admin_listen_host(self) -> str:
+        return self.admin_host or self.host
 
     def upstream_target(self) -> tuple[str, str | None]:
         """(the upstream base URL without credentials, a Basic `Authorization` value from them or None).
@@ -184,7 +209,7 @@ def _add_serve(subparsers: Any) -> None:
         description="Run the proxy. Every flag also reads STREAMWARDEN_<FLAG>; a flag beats the variable.",
     )
     for flag, (_, default, text) in SERVE_FLAGS.items():
-        shown = f" (default {default})" if default is not None else " (required)"
+        shown = f" (default {default})" if default is not None else "" if flag in _OPTIONAL else " (required)"
         serve.add_argument(f"--{flag}", metavar="VALUE", default=None, help=f"{text}{shown}; env {env_name(flag)}")
 
 
@@ -221,6 +246,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
             raw, source = env[env_name(flag)], f"--{flag} (from {env_name(flag)})"
         if raw is None:
             raw = default
+        if raw is None and flag in _OPTIONAL:
+            continue
         if raw is None:
             raise ConfigError(f"argument {source} is required: expected {_describe(parse)}")
         try:

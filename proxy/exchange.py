@@ -7,6 +7,7 @@ turns the final record into metrics and one log line. Nothing else writes the re
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,8 @@ class Exchange:
     rewrites: list[str] = field(default_factory=list)
     committed: bool = False  # the client has received the status line
     drained: bool = False  # --on-abandon drain read the upstream to its end after the client left
+    client_request_id: str | None = None  # a client's X-Request-Id that was not usable as given
+    body_reserved: int = 0  # request-body bytes this exchange holds against --max-buffered-body-bytes
     interrupt: str | None = None  # set by the server (e.g. "shutdown") just before it cancels the handler
 
     def settle(self, outcome: str, reason: str) -> None:
@@ -77,6 +80,14 @@ class Recorder:
     def start(self, ex: Exchange) -> None:
         self.metrics.inflight.labels(api=ex.api).inc()
 
+    def record_refusal(self, status: int, reason: str, bytes_out: int, *, client: str | None) -> None:
+        """A connection-level refusal (bad HTTP, a header timeout, too many connections): one exchange."""
+        ex = Exchange(uuid.uuid4().hex, "-", "-", "other", client)
+        ex.status, ex.bytes_out = status, bytes_out
+        ex.settle("error", reason)
+        self.start(ex)
+        self.finish(ex)
+
     def finish(self, ex: Exchange) -> None:
         if ex.phase == Phase.FINISHED:
             return
@@ -100,6 +111,22 @@ class Recorder:
         for rewrite in ex.rewrites:
             m.rewrites.labels(api=ex.api, reason=rewrite).inc()
         usage_source = self._count_tokens(ex, model)
+        extra = {"client_request_id": ex.client_request_id} if ex.client_request_id is not None else {}
+        try:
+            self._log(ex, outcome, reason, now, ttft, usage_source, extra)
+        except Exception:  # the line must never fail the request; a bare one says what was lost
+            self.logger.error("request_log_failed", request_id=ex.request_id, outcome=outcome, reason=reason)
+
+    def _log(
+        self,
+        ex: Exchange,
+        outcome: str,
+        reason: str,
+        now: float,
+        ttft: float | None,
+        usage_source: str | None,
+        extra: dict[str, str],
+    ) -> None:
         self.logger.info(
             "request",
             request_id=ex.request_id,
@@ -121,6 +148,7 @@ class Recorder:
             usage_source=usage_source,
             upstream_cancelled=ex.upstream_cancelled is not None,
             client=ex.client,
+            **extra,
         )
 
     def _count_tokens(self, ex: Exchange, model: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -18,34 +19,71 @@ from yarl import URL
 from .abandon import absorb_cancellation, drain_stream, drain_whole, start_drain
 from .body_io import respond_whole
 from .config import Config
+from .connections import ClientConnection
 from .dialects import Dialect, RequestInfo, for_request, inspect_request
-from .errors import BodyTooLarge, FirstByteTimeout, ProxyError, upstream_request_errors
+from .errors import (
+    BadRequest,
+    BadUpstreamResponse,
+    BodyTooLarge,
+    ClientTimeout,
+    FirstByteTimeout,
+    ProxyError,
+    ProxyOverloaded,
+    upstream_request_errors,
+)
 from .exchange import Exchange, Phase
 from .guard import StreamGuard
 from .headers import request_headers
-from .state import STATE, ProxyState
+from .state import ProxyState
 from .stream_io import count_stream, is_stream, pump_stream
+from .target import BadTarget, forwarded_target
 
-__all__ = ["error_response", "handle"]
+__all__ = ["client_request_id", "error_response", "make_handler"]
 
 _REQUEST_ID = "X-Request-Id"
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
+_REQUEST_ID_MAX = 200
 
 
-def error_response(dialect: Dialect, status: int, message: str, code: str, ex: Exchange) -> web.Response:
+def error_response(
+    dialect: Dialect, status: int, message: str, code: str, ex: Exchange, headers: dict[str, str] | None = None
+) -> web.Response:
     """A whole JSON error in the client's dialect (used before anything was sent)."""
     body = dialect.error_body(status, message, code)
     ex.status, ex.bytes_out = status, len(body)
     return web.Response(
-        status=status, body=body, content_type="application/json", headers={_REQUEST_ID: ex.request_id}
+        status=status,
+        body=body,
+        content_type="application/json",
+        headers={_REQUEST_ID: ex.request_id, **(headers or {})},
     )
 
 
-async def handle(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
+def client_request_id(value: str | None) -> bool:
+    """A client's X-Request-Id is used only when it is 1-200 printable ASCII characters."""
+    return value is not None and 0 < len(value) <= _REQUEST_ID_MAX and value.isascii() and value.isprintable()
+
+
+def make_handler(state: ProxyState) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """The main port's one handler (every method and path), bound to the proxy's state."""
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await handle(request, state)
+        finally:
+            if isinstance(request.protocol, ClientConnection):
+                request.protocol.request_done()
+
+    return handler
+
+
+async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamResponse:
     dialect = for_request(request.method, request.path)
-    request_id = request.headers.get(_REQUEST_ID) or uuid.uuid4().hex
+    sent_id = request.headers.get(_REQUEST_ID)
+    request_id = sent_id if sent_id is not None and client_request_id(sent_id) else uuid.uuid4().hex
     ex = Exchange(request_id, request.method, request.path, dialect.name, request.remote)
+    if sent_id is not None and sent_id != request_id:
+        ex.client_request_id = sent_id  # logged escaped and cut; never echoed or sent upstream
     task = asyncio.current_task()
     assert task is not None
     state.recorder.start(ex)
@@ -61,8 +99,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         ex.settle("error", exc.reason)
         if isinstance(exc, FirstByteTimeout):
             ex.cancelled("first_byte_timeout")
-        resp = error_response(dialect, exc.status, exc.message, exc.reason, ex)
-        if isinstance(exc, BodyTooLarge):
+        resp = error_response(dialect, exc.status, exc.message, exc.reason, ex, exc.headers)
+        if exc.close:
             resp.force_close()  # the rest of the body is unread
         return resp
     except asyncio.CancelledError:
@@ -89,28 +127,68 @@ async def handle(request: web.Request) -> web.StreamResponse:
             raise
         return error_response(dialect, 500, "the proxy failed to handle the request", "proxy_error", ex)
     finally:
+        state.body_budget.give_back(ex.body_reserved)
+        ex.body_reserved = 0
         state.untrack(task)
         state.recorder.finish(ex)
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    """The client's body, bounded by --max-body-size (checked before reading when announced)."""
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge(f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes")
+async def _read_body(request: web.BaseRequest, state: ProxyState, ex: Exchange) -> bytes:
+    """The client's body as it came on the wire (a compressed one too).
+
+    Bounded by --max-body-size (checked before reading when announced), by --client-body-timeout
+    between reads, and by the bytes all exchanges may hold at once (--max-buffered-body-bytes).
+    """
+    cfg, budget = state.config, state.body_budget
+    limit, announced = cfg.max_body_size, request.content_length
+    if announced is not None and announced > limit:
+        raise BodyTooLarge(f"request body of {announced} bytes exceeds the limit of {limit} bytes")
+    if announced and not await budget.take(announced):
+        raise ProxyOverloaded()
+    ex.body_reserved = announced or 0
+    if request.headers.get("Expect", "").lower() == "100-continue" and request.version >= (1, 1):
+        # The proxy answers it (the upstream is sent the whole body): now, as the body is wanted.
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_any():
+    while True:
+        try:
+            async with asyncio.timeout(cfg.client_body_timeout):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            raise ClientTimeout(f"the request body stopped arriving for {cfg.client_body_timeout:g} s") from None
+        if not chunk:
+            return b"".join(chunks)
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+        if announced is None:  # chunked: reserve as it comes
+            if not await budget.take(len(chunk)):
+                raise ProxyOverloaded()
+            ex.body_reserved += len(chunk)
         chunks.append(chunk)
-    return b"".join(chunks)
 
 
-async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, ex: Exchange) -> web.StreamResponse:
+def _check_upstream_status(upstream: aiohttp.ClientResponse) -> None:
+    """A status the client can be given: 1xx are never final here (Upgrade is hop-by-hop, never sent)."""
+    if not 200 <= upstream.status <= 599:
+        upstream.close()
+        raise BadUpstreamResponse(f"the upstream answered with status {upstream.status}, which is not passed on")
+
+
+async def _exchange(
+    request: web.BaseRequest, state: ProxyState, dialect: Dialect, ex: Exchange
+) -> web.StreamResponse:
     cfg = state.config
-    body = await _read_body(request, cfg.max_body_size)
-    info: RequestInfo = inspect_request(dialect, body)
+    try:
+        target = forwarded_target(request.raw_path)
+    except BadTarget as exc:
+        raise BadRequest(str(exc)) from None
+    body = await _read_body(request, state, ex)
+    info: RequestInfo = inspect_request(
+        dialect, body, request.headers.get("Content-Encoding"), cfg.max_body_size
+    )
     ex.model, ex.stream = info.model, info.stream
     headers = request_headers(
         request.headers,
@@ -125,7 +203,7 @@ async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, e
         headers.popall("Accept-Encoding", None)
     if state.upstream_authorization and "Authorization" not in headers:
         headers["Authorization"] = state.upstream_authorization
-    url = URL(state.upstream_base + request.raw_path, encoded=True)
+    url = URL(state.upstream_base + target, encoded=True)
     data = body if body or request.method not in _NO_BODY_METHODS else None
     ex.phase = Phase.AWAITING_HEADERS
     with upstream_request_errors(cfg.connect_timeout, cfg.first_byte_timeout):
@@ -137,8 +215,13 @@ async def _exchange(request: web.Request, state: ProxyState, dialect: Dialect, e
                 upstream = await _outlasting_the_client(asyncio.ensure_future(sending), dialect, info, ex, cfg)
             else:
                 upstream = await sending
-    ex.phase = Phase.RESPONDING
+    # The body has gone upstream: its bytes no longer count against the shared bound.
+    state.body_budget.give_back(ex.body_reserved)
+    ex.body_reserved = 0
+    del body, data
     ex.upstream_status = upstream.status
+    _check_upstream_status(upstream)
+    ex.phase = Phase.RESPONDING
     stream = is_stream(upstream)
     finished_cleanly = False
     try:

@@ -17,7 +17,9 @@ from proxy.dialects import Dialect, Kind, Usage
 from proxy.dialects.errors import describe_error, error_message
 from proxy.sse import Event, EventTooLarge, SSEReader, StatusBlock
 
-__all__ = ["Failure", "Step", "StreamGuard"]
+__all__ = ["MAX_HELD", "Failure", "Step", "StreamGuard"]
+
+MAX_HELD = 1024 * 1024  # bytes held before the first content; the hold window ends early past it
 
 # Statuses and messages for failures the I/O layer detects (design section 10).
 _FAILURES = {
@@ -75,9 +77,11 @@ class StreamGuard:
         "_dialect",
         "_done",
         "_held",
+        "_held_bytes",
         "_held_events",
         "_hold",
         "_max",
+        "_max_held",
         "_reader",
         "_stream",
         "committed",
@@ -87,13 +91,17 @@ class StreamGuard:
         "saw_id",
     )
 
-    def __init__(self, dialect: Dialect, *, hold: bool, max_event_size: int = 8 * 1024 * 1024) -> None:
+    def __init__(
+        self, dialect: Dialect, *, hold: bool, max_event_size: int = 8 * 1024 * 1024, max_held: int = MAX_HELD
+    ) -> None:
         self._dialect = dialect
         self._stream = dialect.new_stream()
         self._reader = SSEReader(max_event_size)
         self._max = max_event_size
         self._hold = hold  # False: commit at the first call (the I/O layer may commit() right away)
         self._held: list[bytes] = []  # events before the commit, sent together with it
+        self._held_bytes = 0
+        self._max_held = max_held  # past it the hold ends early: committing is always safe
         self._held_events = 0
         self._done = False
         self.committed = False
@@ -178,6 +186,7 @@ class StreamGuard:
         if self._held:
             out[:0] = self._held
             self._held = []
+            self._held_bytes = 0
         self.events += self._held_events
         self._held_events = 0
 
@@ -232,11 +241,14 @@ class StreamGuard:
         return None
 
     def _flush(self, step: Step, out: list[bytes]) -> Step:
-        if self.committed:
-            if out:
-                step.data = _join(out)
-        elif out:
-            self._held.extend(out)
+        if not self.committed and out:
+            self._held_bytes += sum(map(len, out))
+            if self._held_bytes <= self._max_held:
+                self._held.extend(out)
+                return step
+            self._commit(step, out)  # role chunks or comments without end: stop holding them
+        if out:
+            step.data = _join(out)
         return step
 
     def _finish(self, step: Step, outcome: str, reason: str) -> Step:
@@ -289,6 +301,7 @@ class StreamGuard:
                 self.rewrites.append(rewrite)
             self.rewrites.append("late_commit_status")
             self._held = []
+            self._held_bytes = 0
             self._held_events = 0
         return self._finish(step, "error", reason)
 

@@ -34,18 +34,30 @@ DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
 MODEL_NAME_MAX = 100
 
 
+MAX_UPSTREAM_MODELS = 1000
+
+
 class ModelLabels:
-    """First `limit` distinct model names keep their label; later ones become `other`."""
+    """The models the upstream serves always keep their label; other names share `limit` slots.
+
+    Without the upstream's list, the first `limit` names a client sends would own the labels for
+    the life of the process, and junk sent early would turn every real model into `other`.
+    """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._seen: set[str] = set()
+        self._served: frozenset[str] = frozenset()
+
+    def set_served(self, names: list[str]) -> None:
+        """The upstream's own model names (its `/v1/models`), refreshed with the readiness probe."""
+        self._served = frozenset(name[:MODEL_NAME_MAX] for name in names[:MAX_UPSTREAM_MODELS])
 
     def label(self, model: str | None) -> str:
         if not model:
             return "unknown"
         name = model[:MODEL_NAME_MAX]
-        if name in self._seen:
+        if name in self._served or name in self._seen:
             return name
         if len(self._seen) >= self._limit:
             return "other"

@@ -2,8 +2,8 @@
 
 SIGTERM/SIGINT: /readyz turns 503 at once and the listener stops accepting; exchanges in flight run
 on for up to --drain-timeout, then each is interrupted (streams end with their dialect's error
-frame, reason `shutdown`, and their upstream is cancelled); then the process exits 0. A second
-signal skips the wait.
+frame, reason `shutdown`, and their upstream is cancelled); then the process exits, within
+--drain-timeout + 1 s. A second signal skips the wait.
 """
 
 from __future__ import annotations
@@ -15,24 +15,30 @@ from typing import Any
 from aiohttp import web
 
 from . import __version__
-from .app import build_apps, build_state
+from .app import build_admin_app, build_main_server, build_state, open_upstream_session
 from .config import Config
+from .connections import ProxyServer
+from .fdlimit import connection_limit, raise_fd_limit
 from .state import ProxyState
 
 __all__ = ["Server", "serve"]
 
-_FINAL_GRACE_SECONDS = 5.0  # after the drain deadline: time for interrupted streams to write their frame
+_FINAL_GRACE_SECONDS = 0.5  # after the drain deadline: time for interrupted streams to write their frame
+_CLOSE_SECONDS = 0.25  # then what is left of each connection (a lingering body read) is cut
+_BACKLOG = 1024  # nginx uses 511; a burst of connects must not be refused by the kernel before the limit
 
 
 class Server:
-    """Both apps on their ports; `start`, then `shutdown` (or `run` for the whole life)."""
+    """Both servers on their ports; `start`, then `shutdown` (or `run` for the whole life)."""
 
-    def __init__(self, config: Config, state: ProxyState | None = None) -> None:
+    def __init__(self, config: Config, state: ProxyState | None = None, *, max_connections: int | None = None):
         self.config = config
         self.state = state or build_state(config)
-        self.main_app, self.admin_app = build_apps(self.state)
-        self._main = web.AppRunner(self.main_app, handler_cancellation=True, access_log=None)
-        self._admin = web.AppRunner(self.admin_app, access_log=None)
+        self.max_connections = max_connections or config.max_client_connections
+        self.main_server: ProxyServer | None = None
+        self.admin_app = build_admin_app(self.state)
+        self._main: web.ServerRunner | None = None
+        self._admin = web.AppRunner(self.admin_app, access_log=None, shutdown_timeout=_CLOSE_SECONDS)
         self._sites: list[web.TCPSite] = []
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -43,10 +49,13 @@ class Server:
 
     async def start(self) -> None:
         cfg = self.config
+        self.state.session = open_upstream_session(cfg)
+        self.main_server = build_main_server(self.state, self.max_connections)
+        self._main = web.ServerRunner(self.main_server, shutdown_timeout=_CLOSE_SECONDS)
         await self._main.setup()
         await self._admin.setup()
-        main = web.TCPSite(self._main, cfg.host, cfg.port, reuse_address=True)
-        admin = web.TCPSite(self._admin, cfg.host, cfg.admin_port, reuse_address=True)
+        main = web.TCPSite(self._main, cfg.host, cfg.port, reuse_address=True, backlog=_BACKLOG)
+        admin = web.TCPSite(self._admin, cfg.admin_listen_host, cfg.admin_port, reuse_address=True)
         await main.start()
         await admin.start()
         self._sites = [main, admin]
@@ -55,9 +64,8 @@ class Server:
         """The bound (main, admin) ports, useful when configured as 0."""
         found: list[int] = []
         for runner in (self._main, self._admin):
-            server = runner.server
+            assert runner is not None
             addresses = runner.addresses
-            assert server is not None
             assert addresses
             found.append(int(addresses[0][1]))
         return found[0], found[1]
@@ -76,8 +84,11 @@ class Server:
         if interrupted:
             self.logger.info("shutdown", interrupted=interrupted)
             await self._until_idle_or_hurried(_FINAL_GRACE_SECONDS)
-        await self._main.cleanup()
+        if self._main is not None:
+            await self._main.cleanup()
         await self._admin.cleanup()
+        if state.session is not None:
+            await state.session.close()
 
     async def _until_idle_or_hurried(self, within: float) -> None:
         """Wait until no exchange is in flight, a second signal comes, or `within` seconds pass."""
@@ -90,7 +101,7 @@ class Server:
             for waiter in waiters:
                 waiter.cancel()
 
-    async def run(self) -> None:
+    async def run(self, fd_limits: tuple[int, int] | None = None) -> None:
         loop = asyncio.get_running_loop()
         await self.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -101,9 +112,19 @@ class Server:
             version=__version__,
             upstream=self.config.redacted_upstream(),
             listen=f"{self.config.host}:{main_port}",
-            admin=f"{self.config.host}:{admin_port}",
+            admin=f"{self.config.admin_listen_host}:{admin_port}",
             settings={k: v for k, v in _settings(self.config).items() if k != "upstream"},
+            nofile_soft_before=fd_limits[0] if fd_limits else None,
+            nofile=fd_limits[1] if fd_limits else None,
+            max_client_connections=self.max_connections,
         )
+        if self.max_connections < self.config.max_client_connections:
+            self.logger.warning(
+                "max_client_connections_lowered",
+                configured=self.config.max_client_connections,
+                effective=self.max_connections,
+                why="the file-descriptor limit leaves room for this many (two sockets each)",
+            )
         await self._stop.wait()
         self.logger.info("draining", in_flight=len(self.state.live), drain_timeout=self.config.drain_timeout)
         await self.shutdown()
@@ -115,9 +136,15 @@ def _settings(config: Config) -> dict[str, object]:
 
 
 def serve(config: Config) -> None:
+    limits = raise_fd_limit()
+    max_connections = connection_limit(config.max_client_connections, limits[1])
+
+    async def main() -> None:
+        await Server(config, max_connections=max_connections).run(limits)
+
     try:
         import uvloop
     except ImportError:
-        asyncio.run(Server(config).run())
+        asyncio.run(main())
     else:
-        uvloop.run(Server(config).run())
+        uvloop.run(main())

@@ -6,13 +6,13 @@ import asyncio
 from dataclasses import dataclass, field
 
 import aiohttp
-from aiohttp import web
 
+from .body_budget import BodyBudget
 from .config import Config
 from .exchange import Exchange, Recorder
 from .metrics import Metrics
 
-__all__ = ["STATE", "ProxyState"]
+__all__ = ["ProxyState"]
 
 
 @dataclass(slots=True)
@@ -26,6 +26,7 @@ class ProxyState:
     upstream_base: str = ""  # the upstream URL without credentials
     upstream_authorization: str | None = None  # from credentials in --upstream, for clients that send none
     draining: bool = False
+    body_budget: BodyBudget = field(init=False)
     live: dict[asyncio.Task[object], Exchange] = field(default_factory=dict)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -40,6 +41,7 @@ class ProxyState:
 
     def __post_init__(self) -> None:
         self.upstream_base, self.upstream_authorization = self.config.upstream_target()
+        self.body_budget = BodyBudget(self.config.max_buffered_body_bytes)
 
     def interrupt_all(self, reason: str) -> int:
         """Ask every exchange in flight to end with `reason` (e.g. shutdown); returns how many."""
@@ -54,4 +56,4 @@ class ProxyState:
         return self.session
 
 
-STATE: web.AppKey[ProxyState] = web.AppKey("streamwarden_state", ProxyState)
+

@@ -49,7 +49,7 @@ def _stream_response(upstream: aiohttp.ClientResponse, request_id: str) -> web.S
 
 
 async def pump_stream(
-    request: web.Request, upstream: aiohttp.ClientResponse, state: ProxyState, dialect: Dialect, ex: Exchange
+    request: web.BaseRequest, upstream: aiohttp.ClientResponse, state: ProxyState, dialect: Dialect, ex: Exchange
 ) -> web.StreamResponse:
     cfg = state.config
     hold = cfg.hold_headers > 0

@@ -15,10 +15,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.app import build_apps, build_state
+from proxy.app import build_state
 from proxy.config import Config
 from proxy.fake import RECORDER, FakeSettings, Recorder, build_app
 from proxy.logs import make_logger
+from proxy.server import Server
 from proxy.state import ProxyState
 
 AiohttpServer = Callable[..., Awaitable[TestServer]]
@@ -36,18 +37,20 @@ class FakeUpstream:
 
 @dataclass
 class Proxy:
-    server: TestServer
-    admin: TestServer
+    server: Server
     state: ProxyState
     log: io.StringIO
+    host: str
+    port: int
+    admin_port: int
 
     @property
     def url(self) -> str:
-        return str(self.server.make_url("")).rstrip("/")
+        return f"http://{self.host}:{self.port}"
 
     @property
     def admin_url(self) -> str:
-        return str(self.admin.make_url("")).rstrip("/")
+        return f"http://{self.host}:{self.admin_port}"
 
     def log_lines(self, event: str = "request") -> list[dict[str, Any]]:
         lines = [orjson.loads(line) for line in self.log.getvalue().splitlines() if line.strip()]
@@ -103,20 +106,26 @@ def serve_upstream(aiohttp_server: AiohttpServer) -> ServeUpstream:
 
 
 @pytest.fixture
-async def make_proxy(aiohttp_server: AiohttpServer, fake_upstream: FakeUpstream) -> ProxyFactory:
-    """Start a proxy (main + admin ports) in front of the fake upstream, with config overrides."""
+async def make_proxy(fake_upstream: FakeUpstream) -> AsyncIterator[ProxyFactory]:
+    """Start a real proxy (main + admin ports, the `serve` server) in front of the fake upstream."""
+    started: list[Server] = []
 
     async def start(**overrides: Any) -> Proxy:
-        config = Config(upstream=overrides.pop("upstream", fake_upstream.url), host="127.0.0.1", port=1, admin_port=2)
+        config = Config(upstream=overrides.pop("upstream", fake_upstream.url), host="127.0.0.1", port=0, admin_port=0)
         config = dataclasses.replace(config, **overrides)
         log = io.StringIO()
         state = build_state(config, logger=make_logger("json", "debug", log))
-        main_app, admin_app = build_apps(state)
-        server = await aiohttp_server(main_app)
-        admin = await aiohttp_server(admin_app)
-        return Proxy(server, admin, state, log)
+        server = Server(config, state)
+        await server.start()
+        started.append(server)
+        port, admin_port = server.ports()
+        return Proxy(server, state, log, "127.0.0.1", port, admin_port)
 
-    return start
+    yield start
+    for server in started:
+        server.request_stop()
+        server.request_stop()  # a second signal: no drain wait
+        await server.shutdown()
 
 
 @pytest.fixture

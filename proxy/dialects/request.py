@@ -6,6 +6,7 @@ must never fail: anything unexpected falls back to the defaults.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import orjson
@@ -31,9 +32,36 @@ def _prompt_count(prompt: object) -> int:
     return 1
 
 
-def inspect_request(dialect: Dialect, body: bytes) -> RequestInfo:
-    """One parse at most; never raises."""
+# zlib's window bits: gzip or zlib header detected automatically (47); raw deflate as a fallback (-15).
+_WBITS = {"gzip": 47, "x-gzip": 47, "deflate": 47}
+
+
+def inflated_copy(body: bytes, encoding: str, limit: int) -> bytes | None:
+    """A compressed body's JSON for inspection only, never more than `limit` bytes; None if unreadable.
+
+    The body itself goes upstream as it came; a decompression bomb costs at most `limit` here.
+    """
+    wbits = _WBITS.get(encoding.strip().lower())
+    if wbits is None:
+        return None
+    for bits in (wbits, -15):
+        inflater = zlib.decompressobj(bits)
+        try:
+            out = inflater.decompress(body, limit)
+        except zlib.error:
+            continue
+        return out if not inflater.unconsumed_tail else None
+    return None
+
+
+def inspect_request(dialect: Dialect, body: bytes, encoding: str | None = None, limit: int = 0) -> RequestInfo:
+    """One parse at most; never raises. A body in `encoding` is inflated (at most `limit` bytes) first."""
     info = RequestInfo()
+    if encoding and encoding.strip().lower() != "identity":
+        inflated = inflated_copy(body, encoding, limit)
+        if inflated is None:
+            return info
+        body = inflated
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:

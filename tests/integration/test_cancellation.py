@@ -93,7 +93,7 @@ async def test_cancel_during_non_stream_generation(
 
 
 async def test_client_leaves_while_sending_its_body(proxy: Proxy, fake_upstream: FakeUpstream) -> None:
-    host, port = proxy.server.host, proxy.server.port
+    host, port = proxy.host, proxy.port
     _reader, writer = await asyncio.open_connection(host, port)
     writer.write(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -178,7 +178,7 @@ async def test_client_that_stops_reading_is_cut_and_upstream_cancelled(
     proxy = await make_proxy(client_stall_timeout=0.5, hold_headers=0)
     rid = "stuck-client"
     total = 131_072  # the fake's largest max_tokens; ~20 MB of events, far beyond socket buffers
-    reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
     body = b'{"model": "m", "stream": true, "max_tokens": %d, "messages": []}' % total
     writer.write(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -319,7 +319,7 @@ async def test_upstream_pool_limit(make_proxy: ProxyFactory, fake_upstream: Fake
 async def test_expect_100_continue_is_answered_by_the_proxy(proxy: Proxy, fake_upstream: FakeUpstream) -> None:
     """curl sends `Expect: 100-continue` for bodies over 1 KiB; the proxy answers it and sends the body whole."""
     body = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 4000 + b'"}]}'
-    reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
     try:
         writer.write(
             b"POST /_fake/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.app import build_apps, build_state
+from proxy.app import build_state
 from proxy.config import Config
 from proxy.logs import make_logger
 from proxy.server import Server
@@ -322,14 +322,16 @@ async def test_started_line_redacts_the_upstream_password() -> None:
 
 
 async def test_console_format_is_one_readable_line_per_request(
-    aiohttp_server: AiohttpServer, fake_upstream: FakeUpstream, http: aiohttp.ClientSession
+    fake_upstream: FakeUpstream, http: aiohttp.ClientSession
 ) -> None:
-    config = dataclasses.replace(Config(upstream=fake_upstream.url), log_format="console")
+    config = dataclasses.replace(
+        Config(upstream=fake_upstream.url), log_format="console", host="127.0.0.1", port=0, admin_port=0
+    )
     stream = io.StringIO()
     state = build_state(config, logger=make_logger("console", "info", stream))
-    main_app, _ = build_apps(state)
-    server = await aiohttp_server(main_app)
-    base = str(server.make_url("")).rstrip("/")
+    server = Server(config, state)
+    await server.start()
+    base = f"http://127.0.0.1:{server.ports()[0]}"
     async with http.post(f"{base}/v1/chat/completions", json={**CHAT, "stream": True},
                          headers={"X-Request-Id": "console-1"}) as resp:
         assert resp.status == 200
@@ -355,3 +357,6 @@ async def test_console_format_is_one_readable_line_per_request(
         }
         assert float(pairs["duration_ms"]) >= 0
         assert set(pairs) >= FIELDS, FIELDS - set(pairs)
+    server.request_stop()
+    server.request_stop()
+    await server.shutdown()

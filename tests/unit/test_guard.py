@@ -737,3 +737,30 @@ def test_events_complete_before_an_oversized_one_in_the_same_read_are_delivered(
     first = split.feed(content)
     second = split.feed(big)
     assert first.data + second.data == whole.data
+
+
+# --- the hold window's memory bound -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("filler", [chat(role=True), b": keep-alive, still thinking\n\n"])
+def test_held_bytes_are_bounded_then_committed_in_order(filler: bytes) -> None:
+    """An upstream that sends only role chunks or comments cannot make the hold window hold more."""
+    guard = StreamGuard(DIALECTS["chat_completions"], hold=True, max_held=1000)
+    sent: list[bytes] = []
+    committed_at = None
+    for i in range(100):
+        step = guard.feed(filler)
+        assert step.failure is None and not step.done
+        if step.commit:
+            committed_at = i
+        sent.append(step.data)
+    assert committed_at == 1000 // len(filler)  # the first feed that goes past the bound commits
+    assert b"".join(sent) == filler * 100  # nothing lost, nothing reordered
+    step = guard.feed(chat("Hi") + chat(None, "stop") + DONE)
+    assert step.done and step.outcome == "ok"
+
+
+def test_below_the_hold_bound_nothing_is_committed_early() -> None:
+    guard = StreamGuard(DIALECTS["chat_completions"], hold=True, max_held=1000)
+    step = guard.feed(chat(role=True) * 3)
+    assert not step.commit and not step.data
