@@ -129,8 +129,7 @@ class ClientConnection(web.RequestHandler):
         body = _OTHER.error_body(status, text, reason)
         self._server.recorder.record_refusal(status, reason, len(body), client=_peer(self))
         response = web.Response(status=status, body=body, content_type="application/json")
-        response.force_close()
-        self.force_close()
+        response.force_close()  # the connection closes once this is written
         return response
 
     # ---- internals ------------------------------------------------------------------------------

@@ -43,6 +43,9 @@ __all__ = ["client_request_id", "error_response", "make_handler"]
 _REQUEST_ID = "X-Request-Id"
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 _REQUEST_ID_MAX = 200
+# A compressed body is inflated (a copy, for its model and stream flags) up to this size: inflating
+# blocks the event loop, and a small gzip can hold gigabytes. A larger one is forwarded unnoted.
+INFLATE_LIMIT = 8 * 1024 * 1024
 
 
 def error_response(
@@ -71,7 +74,9 @@ def make_handler(state: ProxyState) -> Callable[[web.BaseRequest], Awaitable[web
         try:
             return await handle(request, state)
         finally:
-            if isinstance(request.protocol, ClientConnection):
+            # The next bytes are a new request's head only once this body was read to its end (an
+            # unread one is refused with Connection: close, and aiohttp discards the rest of it).
+            if isinstance(request.protocol, ClientConnection) and request.content.is_eof():
                 request.protocol.request_done()
 
     return handler
@@ -187,7 +192,7 @@ async def _exchange(
         raise BadRequest(str(exc)) from None
     body = await _read_body(request, state, ex)
     info: RequestInfo = inspect_request(
-        dialect, body, request.headers.get("Content-Encoding"), cfg.max_body_size
+        dialect, body, request.headers.get("Content-Encoding"), min(cfg.max_body_size, INFLATE_LIMIT)
     )
     ex.model, ex.stream = info.model, info.stream
     headers = request_headers(
