@@ -17,6 +17,11 @@ METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "streamwarden_tokens_total": ("counter", frozenset({"api", "model", "kind", "source"})),
     "streamwarden_upstream_up": ("gauge", frozenset()),
     "streamwarden_build_info": ("gauge", frozenset({"version"})),
+    # issue 13
+    "streamwarden_inter_token_latency_seconds": ("histogram", frozenset({"api"})),
+    "streamwarden_time_per_output_token_seconds": ("histogram", frozenset({"api"})),
+    "streamwarden_aborts_total": ("counter", frozenset({"api", "phase"})),
+    "streamwarden_abort_wait_seconds": ("histogram", frozenset({"api"})),
 }
 APIS = frozenset({"chat_completions", "completions", "responses", "messages", "embeddings", "models", "other"})
 OUTCOMES = frozenset({"ok", "error", "aborted"})
@@ -37,5 +42,6 @@ REWRITE_REASONS = frozenset({
     "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
     "malformed_event", "oversized_event", "late_commit_status",
 })  # fmt: skip
+ABORT_PHASES = frozenset({"before_headers", "before_first_token", "mid_stream", "whole_body"})
 KINDS = frozenset({"prompt", "completion"})
 SOURCES = frozenset({"usage", "estimated"})

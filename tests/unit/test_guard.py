@@ -228,7 +228,8 @@ def test_normal_chat_without_usage_chunk() -> None:
     assert result.output == CHAT_BODY + DONE
     assert result.usage is not None  # no counts, but the model that answered and why it stopped (traces)
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (None, None)
-    assert result.usage.model is not None and result.usage.finish_reasons == ("stop",)
+    assert result.usage.model is not None
+    assert result.usage.finish_reasons == ("stop",)
     assert result.events == 5  # 4 chunks + [DONE]; the comment is forwarded but not counted
 
 

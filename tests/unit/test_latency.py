@@ -35,7 +35,8 @@ def test_no_events_and_a_clock_going_back() -> None:
     assert gaps.events == 0
     gaps.note(5.0, 1)
     gaps.note(4.0, 1)
-    assert gaps.total == 0.0 and gaps.counts[0] == 1
+    assert gaps.total == 0.0
+    assert gaps.counts[0] == 1
     gaps.note(7.0, 1)  # beyond every bound: +Inf
     assert gaps.counts[-1] == 1
 
