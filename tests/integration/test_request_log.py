@@ -103,7 +103,7 @@ async def test_ok_stream_line(proxy: Proxy, fake_upstream: FakeUpstream, http: a
         "events": 20,  # role chunk, 16 content chunks, finish chunk, usage chunk, [DONE]
         "bytes_out": len(data),
         "prompt_tokens": 3, "completion_tokens": 16, "usage_source": "usage", "upstream_cancelled": False,
-        "client": "127.0.0.1", "event": "request", "level": "info", "timestamp": "",
+        "client": "127.0.0.1", "event": "request", "level": "info", "timestamp": "", "abort_phase": None,
     }
     assert line["events"] == events_in(data)
     assert isinstance(line["ttft_ms"], float)
