@@ -163,7 +163,7 @@ class Recorder:
             m.rewrites.labels(api=ex.api, reason=rewrite).inc()
         phase = self._count_abort(ex, now) if outcome == "aborted" else None
         if outcome == "ok" and ex.gaps is not None:
-            self._count_latency(ex.api, ex.gaps)
+            self.count_latency(ex.api, ex.gaps)
         usage_source = self._count_tokens(ex, model)
         extra = {"client_request_id": ex.client_request_id} if ex.client_request_id is not None else {}
         try:
@@ -221,7 +221,7 @@ class Recorder:
             self.metrics.abort_wait.labels(api=ex.api).observe(left - ex.started)
         return phase
 
-    def _count_latency(self, api: str, gaps: TokenGaps) -> None:
+    def count_latency(self, api: str, gaps: TokenGaps) -> None:
         """An ok stream's gaps into the ITL histogram, and its time per output token."""
         if gaps.gaps:
             self.metrics.inter_token_latency.merge(api, gaps)

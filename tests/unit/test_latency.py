@@ -130,3 +130,13 @@ def test_steps_count_the_content_events_they_carry(split: int) -> None:
         carried += step.content_events
         assert step.content_events == 0 or step.data  # counted events are in this step's bytes
     assert carried == guard.content_events == 6
+
+
+def test_the_bench_measures_the_cost_per_event() -> None:
+    """The figure itself belongs to `streamwarden bench`; here only that it is measured and printed."""
+    from proxy.bench_latency import format_latency_cost, measure_latency_cost
+
+    cost = measure_latency_cost(streams=20, tokens=10)
+    assert cost.events == 200
+    assert cost.per_event_ns >= cost.note_ns > 0
+    assert all(len(line) <= 80 for line in format_latency_cost(cost).splitlines())
