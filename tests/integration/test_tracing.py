@@ -20,9 +20,10 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
-from test_metrics_contract import leave_when
+from test_metrics_contract import call, closed_port, leave_when
 
-from tests.conftest import AiohttpServer, Proxy, ProxyFactory, ServeUpstream
+from proxy.tracing import Tracing
+from tests.conftest import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -188,6 +189,23 @@ async def test_without_a_client_trace_the_proxy_starts_one(
     assert "tracestate" not in seen[0]
 
 
+@pytest.mark.parametrize("traceparent", ["garbage", "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "ff-x-y-z"])
+async def test_an_invalid_client_traceparent_starts_a_new_trace(
+    traced: tuple[Proxy, Receiver, list[dict[str, str]]], http: aiohttp.ClientSession, traceparent: str
+) -> None:
+    proxy, receiver, seen = traced
+    headers = {"traceparent": traceparent, "tracestate": "vendor=abc", "X-Request-Id": "tr-bad"}
+    async with http.post(f"{proxy.url}/v1/chat/completions", json=CHAT, headers=headers) as resp:
+        assert resp.status == 200
+        await resp.read()
+    await proxy.line_for("tr-bad")
+    await flushed(proxy)
+    span = receiver.span("chat m")
+    assert span.parent_span_id == b""
+    assert seen[0]["traceparent"].split("-")[1:3] == [span.trace_id.hex(), span.span_id.hex()]
+    assert "tracestate" not in seen[0]  # it belonged to the trace that could not be read
+
+
 async def test_errors_and_aborts_carry_error_type_and_rewrite_events(
     traced: tuple[Proxy, Receiver, list[dict[str, str]]], http: aiohttp.ClientSession
 ) -> None:
@@ -244,3 +262,24 @@ def test_no_endpoint_no_sdk() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
+
+
+async def test_a_collector_that_is_down_costs_the_client_nothing(
+    make_proxy: ProxyFactory, fake_upstream: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    """The exporter's failures stay in the SDK's thread: requests are served and logged as usual."""
+    down = f"http://127.0.0.1:{closed_port()}"
+    proxy = await make_proxy(otlp_endpoint=down)
+    default = proxy.state.recorder.tracing
+    assert default is not None
+    await asyncio.to_thread(default.close)
+    proxy.state.recorder.tracing = tracing = Tracing(down, timeout=0.5)  # give up exporting quickly
+    try:
+        status, _ = await call(http, proxy, fake_upstream, "tr-down", "chat_completions", stream=True)
+        assert status == 200
+        assert (await proxy.line_for("tr-down"))["outcome"] == "ok"
+        # The export fails (the SDK logs it) within its own bound; nothing else does.
+        await asyncio.wait_for(asyncio.to_thread(tracing.flush, 5_000), 10)
+    finally:
+        await asyncio.to_thread(tracing.close)
+    assert not proxy.log_lines("tracing_error")
