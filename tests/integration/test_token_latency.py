@@ -164,3 +164,49 @@ async def test_a_whole_body_being_read_is_whole_body(
     after = await scrape(http, proxy)
     assert delta(before, after, ABORTS, ("api", "phase")) == {("chat_completions", "whole_body"): 1}
     assert delta(before, after, f"{WAIT}_count", ("api",)) == {}
+
+
+async def test_with_drain_the_phase_and_wait_are_those_of_the_moment_the_client_left(
+    make_proxy: ProxyFactory, fake_upstream: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    """--on-abandon drain reads on after the client left; the books still say where and when it left."""
+    proxy = await make_proxy(on_abandon="drain")
+    before = await scrape(http, proxy)
+    rid = "ph-drain"
+    line = await leave_when(http, proxy, rid, PATHS["chat_completions"], body_for("chat_completions", stream=True),
+                            lambda ex: fake_upstream.recorder.get(rid) is not None,
+                            {"x-fault": "late_headers;delay=2"})
+    record = await fake_upstream.recorder.wait_finished(rid)
+    assert record.client_closed_at is None  # drained: the upstream answered in full, content and all
+    assert (line["outcome"], line["abort_phase"]) == ("aborted", "before_headers")
+    assert line["duration_ms"] >= 2000
+    after = await scrape(http, proxy)
+    assert delta(before, after, ABORTS, ("api", "phase")) == {("chat_completions", "before_headers"): 1}
+    waited = delta(before, after, f"{WAIT}_sum", ("api",))[("chat_completions",)]
+    assert waited + 1.0 < line["duration_ms"] / 1000  # the moment it left, not the end of the drain
+
+
+async def test_with_drain_content_read_after_the_client_left_is_not_its_first_token(
+    make_proxy: ProxyFactory, http: aiohttp.ClientSession, serve_upstream: ServeUpstream
+) -> None:
+    proxies: list[Proxy] = []
+
+    def drained() -> bool:
+        return any(ex.drained for ex in proxies[0].state.live.values())
+
+    async def slow_to_start(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n')
+        await until(drained, within=10)  # content only once the client has gone and the drain began
+        for text in "abc":
+            await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n' % text.encode())
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+        return resp
+
+    proxies.append(await make_proxy(upstream=await serve_upstream(slow_to_start), on_abandon="drain"))
+    line = await leave_when(http, proxies[0], "ph-drain-held", PATHS["chat_completions"],
+                            body_for("chat_completions", stream=True), answered)
+    assert line["completion_tokens"] == 3  # the drain read the content...
+    assert (line["abort_phase"], line["ttft_ms"]) == ("before_first_token", None)  # ...the client saw none
