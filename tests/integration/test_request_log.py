@@ -23,7 +23,7 @@ from proxy.app import build_state
 from proxy.config import Config
 from proxy.logs import make_logger
 from proxy.server import Server
-from tests.conftest import AiohttpServer, FakeUpstream, Proxy, ProxyFactory
+from tests.conftest import FakeUpstream, Proxy, ProxyFactory
 
 FIELDS = frozenset({
     "request_id", "method", "path", "api", "model", "stream", "status", "upstream_status", "outcome", "reason",

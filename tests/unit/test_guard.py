@@ -753,17 +753,20 @@ def test_held_bytes_are_bounded_then_committed_in_order(filler: bytes) -> None:
     committed_at = None
     for i in range(100):
         step = guard.feed(filler)
-        assert step.failure is None and not step.done
+        assert step.failure is None
+        assert not step.done
         if step.commit:
             committed_at = i
         sent.append(step.data)
     assert committed_at == 1000 // len(filler)  # the first feed that goes past the bound commits
     assert b"".join(sent) == filler * 100  # nothing lost, nothing reordered
     step = guard.feed(chat("Hi") + chat(None, "stop") + DONE)
-    assert step.done and step.outcome == "ok"
+    assert step.done
+    assert step.outcome == "ok"
 
 
 def test_below_the_hold_bound_nothing_is_committed_early() -> None:
     guard = StreamGuard(DIALECTS["chat_completions"], hold=True, max_held=1000)
     step = guard.feed(chat(role=True) * 3)
-    assert not step.commit and not step.data
+    assert not step.commit
+    assert not step.data
