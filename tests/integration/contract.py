@@ -31,6 +31,8 @@ REASONS = {
         "upstream_4xx", "upstream_5xx", "connect_failed", "first_byte_timeout", "stall_timeout", "stream_cut",
         "stray_http_block", "upstream_error_frame", "invalid_upstream_body", "incomplete_batch",
         "body_too_large", "shutdown", "proxy_error",
+        # wave 2 (design section 3)
+        "bad_request", "bad_upstream_response", "proxy_overloaded", "client_timeout",
     }),
     "aborted": frozenset({"client_disconnect", "client_stalled"}),
 }  # fmt: skip
