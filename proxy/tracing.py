@@ -65,7 +65,7 @@ class Tracing:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self._server = SpanKind.SERVER
-        self._error = Status(StatusCode.ERROR)
+        self._status, self._error = Status, StatusCode.ERROR
         self._in_context = set_span_in_context
         # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (pod name, namespace...).
         resource = Resource.create({"service.name": "streamwarden", "service.version": __version__})
@@ -84,7 +84,7 @@ class Tracing:
         if operation is not None:
             attributes["gen_ai.operation.name"] = operation
         ex.span = self.tracer.start_span(
-            operation or ex.method,
+            operation or (ex.method if ex.method.isalpha() else "HTTP"),  # "-": a refused connection
             context=parent,
             kind=self._server,
             attributes=attributes,
@@ -127,7 +127,7 @@ class Tracing:
         if outcome != "ok":
             span.set_attribute("error.type", reason)
         if outcome == "error":
-            span.set_status(self._error, reason)
+            span.set_status(self._status(self._error, reason))
         if ex.first_content_at is not None:
             span.add_event("first_token", timestamp=_wall_ns(ex.first_content_at))
         for rewrite in ex.rewrites:  # the guard does not time its rewrites: they are stamped at the end

@@ -23,7 +23,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from test_metrics_contract import call, closed_port, leave_when
 
 from proxy.tracing import Tracing
-from tests.conftest import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream
+from tests.conftest import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -189,6 +189,20 @@ async def test_without_a_client_trace_the_proxy_starts_one(
     assert "tracestate" not in seen[0]
 
 
+async def test_a_trace_the_client_did_not_sample_stays_unsampled(
+    traced: tuple[Proxy, Receiver, list[dict[str, str]]], http: aiohttp.ClientSession
+) -> None:
+    proxy, receiver, seen = traced
+    headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00", "X-Request-Id": "tr-unsampled"}
+    async with http.post(f"{proxy.url}/v1/chat/completions", json=CHAT, headers=headers) as resp:
+        await resp.read()
+    await proxy.line_for("tr-unsampled")
+    await flushed(proxy)
+    assert receiver.spans == []  # the SDK's default sampler follows the parent's decision
+    version, trace_id, _, flags = seen[0]["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", CLIENT_TRACE, "00")  # the trace goes on, unsampled
+
+
 @pytest.mark.parametrize("traceparent", ["garbage", "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "ff-x-y-z"])
 async def test_an_invalid_client_traceparent_starts_a_new_trace(
     traced: tuple[Proxy, Receiver, list[dict[str, str]]], http: aiohttp.ClientSession, traceparent: str
@@ -222,7 +236,7 @@ async def test_errors_and_aborts_carry_error_type_and_rewrite_events(
     error = receiver.span("chat broken")
     attrs = attributes(error.attributes)
     assert (attrs["streamwarden.outcome"], attrs["error.type"]) == ("error", "stray_http_block")
-    assert error.status.code == error.status.STATUS_CODE_ERROR
+    assert (error.status.code, error.status.message) == (error.status.STATUS_CODE_ERROR, "stray_http_block")
     rewrites = [attributes(e.attributes) for e in error.events if e.name == "rewrite"]
     assert rewrites == [{"streamwarden.rewrite.reason": "stray_http_block"},
                         {"streamwarden.rewrite.reason": "late_commit_status"}]
@@ -283,3 +297,26 @@ async def test_a_collector_that_is_down_costs_the_client_nothing(
     finally:
         await asyncio.to_thread(tracing.close)
     assert not proxy.log_lines("tracing_error")
+
+
+async def test_a_refused_connection_is_a_plain_error_span(
+    traced: tuple[Proxy, Receiver, list[dict[str, str]]],
+) -> None:
+    proxy, receiver, seen = traced
+    host, port = proxy.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n")  # > 64 KiB
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n"), 10)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 431")
+    await until(lambda: any(line["reason"] == "bad_request" for line in proxy.log_lines()))
+    await flushed(proxy)
+    span = receiver.span("HTTP")
+    attrs = attributes(span.attributes)
+    assert (attrs["streamwarden.outcome"], attrs["error.type"], attrs["http.response.status_code"]) == (
+        "error", "bad_request", 431,
+    )
+    assert seen == []  # nothing went upstream
