@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 from test_metrics_contract import PATHS, abandon, answered, body_for, call, delta, leave_when, scrape
@@ -210,3 +211,25 @@ async def test_with_drain_content_read_after_the_client_left_is_not_its_first_to
                             body_for("chat_completions", stream=True), answered)
     assert line["completion_tokens"] == 3  # the drain read the content...
     assert (line["abort_phase"], line["ttft_ms"]) == ("before_first_token", None)  # ...the client saw none
+
+
+async def test_a_client_that_closes_right_after_the_terminal_frame_is_ok(
+    proxy: Proxy, http: aiohttp.ClientSession
+) -> None:
+    """Other gateways count this as a failure; the terminal frame was delivered, so it is not an abort."""
+    before = await scrape(http, proxy)
+    host, port = proxy.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = orjson.dumps(body_for("chat_completions", stream=True))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"X-Request-Id: done-then-gone\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    await writer.drain()
+    await asyncio.wait_for(reader.readuntil(b"data: [DONE]\n\n"), 10)
+    writer.transport.abort()  # gone at once, not even the chunked body's last chunk read
+    line = await proxy.line_for("done-then-gone")
+    assert (line["outcome"], line["abort_phase"]) == ("ok", None)
+    after = await scrape(http, proxy)
+    assert delta(before, after, ABORTS, ("api", "phase")) == {}
+    assert delta(before, after, f"{TPOT}_count", ("api",)) == {("chat_completions",): 1}
