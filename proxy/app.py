@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -15,6 +15,9 @@ from .logs import make_logger
 from .metrics import Metrics
 from .state import ProxyState
 from .upstream_pool import GuardedConnector
+
+if TYPE_CHECKING:
+    from .tracing import Tracing
 
 __all__ = ["LINGERING_SECONDS", "build_admin_app", "build_main_server", "build_state", "open_upstream_session"]
 
@@ -47,10 +50,19 @@ def open_upstream_session(config: Config) -> aiohttp.ClientSession:
     )
 
 
+def open_tracing(config: Config) -> Tracing | None:
+    """Issue 13: OpenTelemetry traces when an OTLP endpoint is set (the SDK is imported only then)."""
+    if config.otlp_endpoint is None:
+        return None
+    from .tracing import Tracing
+
+    return Tracing(config.otlp_endpoint)
+
+
 def build_state(config: Config, *, metrics: Metrics | None = None, logger: Any = None) -> ProxyState:
     metrics = metrics or Metrics(config.model_label_limit)
     logger = logger or make_logger(config.log_format, config.log_level)
-    return ProxyState(config=config, metrics=metrics, recorder=Recorder(metrics, logger))
+    return ProxyState(config=config, metrics=metrics, recorder=Recorder(metrics, logger, open_tracing(config)))
 
 
 def build_main_server(state: ProxyState, max_connections: int | None = None) -> ProxyServer:

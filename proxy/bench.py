@@ -25,6 +25,7 @@ import aiohttp
 import orjson
 
 from .bench_cancel import measure_abandons
+from .bench_latency import format_latency_cost, measure_latency_cost
 
 __all__ = ["SideResult", "cpu_seconds", "format_table", "memory", "percentile", "run_bench"]
 
@@ -278,6 +279,7 @@ async def _bench(upstream: str | None, requests: int, concurrency: int, tokens: 
     print(format_table(direct, through))
     if abandon_line:
         print(abandon_line)
+    print(format_latency_cost(measure_latency_cost()))
     for side in (direct, through):
         if side.errors:
             print(f"{side.name}: {side.failed} failed, e.g. {side.errors[0][:70]}")

@@ -9,11 +9,12 @@ without I/O, whether the upstream body passes as is or is replaced by one in the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
 from proxy.dialects import Dialect, RequestInfo, Usage
-from proxy.dialects.base import usage_from
+from proxy.dialects.base import reported, usage_from
 from proxy.dialects.errors import cut, describe_error, error_message, is_error_object, text_message
 
 __all__ = ["BodyVerdict", "judge_body"]
@@ -78,7 +79,24 @@ def _judge_success(dialect: Dialect, request: RequestInfo, content_type: str | N
             return _replace(dialect, 502, missing, "incomplete_batch")
     keys = _USAGE_KEYS.get(dialect.name)
     usage = usage_from(obj.get("usage"), *keys) if keys else None
-    return BodyVerdict("ok", "complete", None, usage)
+    return BodyVerdict("ok", "complete", None, reported(usage, *_described(obj)))
+
+
+def _described(obj: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
+    """The answering model and the finish reasons of a whole body, in any dialect's shape (for traces)."""
+    model = obj.get("model")
+    reasons: list[str] = []
+    choices = obj.get("choices")
+    if isinstance(choices, list):  # chat and completions
+        found = (c.get("finish_reason") for c in choices if isinstance(c, dict))
+        reasons = [reason for reason in found if isinstance(reason, str)]
+    elif isinstance(obj.get("stop_reason"), str):  # messages
+        reasons = [obj["stop_reason"]]
+    elif isinstance(obj.get("status"), str) and obj.get("object") == "response":  # responses
+        details = obj.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, dict) else None
+        reasons = [reason if isinstance(reason, str) and reason else obj["status"]]
+    return (model if isinstance(model, str) and model else None), tuple(reasons)
 
 
 def _missing_choices(obj: dict[str, object], expected: int) -> str | None:

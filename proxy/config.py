@@ -101,6 +101,16 @@ def _choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+def _optional_url(text: str) -> str | None:
+    """An http(s) URL, or empty for off."""
+    if not text.strip():
+        return None
+    url = URL(text.strip())
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError("an http:// or https:// URL such as http://otel-collector:4318, or empty for off")
+    return str(url).rstrip("/")
+
+
 def _host(text: str) -> str:
     if not text.strip():
         raise ConfigError("a host name or address to listen on")
@@ -140,6 +150,8 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "max-buffered-body-bytes": (
         parse_size, "256MiB", "request body bytes held at once across all requests (more: 503)",
     ),
+    # --- issue 13: traces. Also read from OTEL_EXPORTER_OTLP_ENDPOINT (see config_from_args).
+    "otlp-endpoint": (_optional_url, "", "OTLP/HTTP collector base URL for traces; needs streamwarden[otel]"),
 }
 _OPTIONAL = frozenset({"admin-host"})  # flags whose default is derived from another flag
 
@@ -174,6 +186,7 @@ class Config:
     max_client_connections: int = 4096
     max_buffered_body_bytes: int = 256 * 1024 * 1024
     max_event_size: int = 8 * 1024 * 1024
+    otlp_endpoint: str | None = None  # issue 13: OpenTelemetry traces over OTLP/HTTP; None: off
 
     @property
     def admin_listen_host(self) -> str:
@@ -209,7 +222,8 @@ def _add_serve(subparsers: Any) -> None:
         description="Run the proxy. Every flag also reads STREAMWARDEN_<FLAG>; a flag beats the variable.",
     )
     for flag, (_, default, text) in SERVE_FLAGS.items():
-        shown = f" (default {default})" if default is not None else "" if flag in _OPTIONAL else " (required)"
+        shown = f" (default {default})" if default else " (default: off)" if default == "" else ""
+        shown = shown if default is not None or flag in _OPTIONAL else " (required)"
         serve.add_argument(f"--{flag}", metavar="VALUE", default=None, help=f"{text}{shown}; env {env_name(flag)}")
 
 
@@ -256,7 +270,26 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
             raise ConfigError(f"argument {source}: expected {exc}, got {raw!r}") from None
     if values["port"] == values["admin_port"]:
         raise ConfigError("argument --admin-port: expected a port other than --port's")
+    values["otlp_endpoint"] = _otlp_endpoint(values["otlp_endpoint"], env)
     return Config(**values)
+
+
+def _otlp_endpoint(explicit: str | None, env: Mapping[str, str]) -> str | None:
+    """Issue 13: --otlp-endpoint needs the otel extra; the standard OTEL_EXPORTER_OTLP_ENDPOINT is used
+    when the extra is there (an OpenTelemetry Operator may set it in every pod, with or without it)."""
+    from .tracing import otel_installed
+
+    if explicit is not None:
+        if not otel_installed():
+            raise ConfigError("argument --otlp-endpoint: needs the otel extra: pip install 'streamwarden[otel]'")
+        return explicit
+    standard = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    if not standard.strip() or not otel_installed():
+        return None
+    try:
+        return _optional_url(standard)
+    except ConfigError as exc:
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_ENDPOINT: expected {exc}, got {standard!r}") from None
 
 
 def _describe(parse: Callable[[str], Any]) -> str:

@@ -1,7 +1,9 @@
-"""One exchange's record and the single place where it is counted and logged, exactly once.
+"""One exchange's record and the single place where it is counted, logged and traced, exactly once.
 
 The handler moves an `Exchange` through its phases and fills in what it learns; `Recorder.finish`
-turns the final record into metrics and one log line. Nothing else writes the request metrics.
+turns the final record into metrics, one log line and (with tracing on) one span. Nothing else writes
+the request metrics. What the books derive from the record (where an abort happened, the token
+latency of an ok stream) is decided here, from the record alone.
 """
 
 from __future__ import annotations
@@ -9,12 +11,18 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .dialects import Usage
+from .latency import TokenGaps
 from .metrics import Metrics
 
-__all__ = ["Exchange", "Phase", "Recorder"]
+if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping
+
+    from .tracing import Tracing
+
+__all__ = ["Exchange", "Phase", "Recorder", "abort_phase"]
 
 
 class Phase:
@@ -54,31 +62,74 @@ class Exchange:
     client_request_id: str | None = None  # a client's X-Request-Id that was not usable as given
     body_reserved: int = 0  # request-body bytes this exchange holds against --max-buffered-body-bytes
     interrupt: str | None = None  # set by the server (e.g. "shutdown") just before it cancels the handler
+    settled_at: float | None = None  # when the verdict was fixed: the moment of an abort, even if a drain follows
+    gaps: TokenGaps | None = None  # content-event times of a stream, from its first forwarded content on
+    response_model: str | None = None  # the model the upstream says answered
+    finish_reasons: tuple[str, ...] = ()
+    span: Any = None  # the OpenTelemetry span, when tracing is on
 
     def settle(self, outcome: str, reason: str) -> None:
         """Fix the verdict; the first one stands (a later cleanup cannot overwrite it)."""
         if self.outcome is None:
             self.outcome, self.reason = outcome, reason
+            self.settled_at = time.monotonic()
 
     def record_usage(self, usage: Usage | None) -> None:
-        """The upstream's own token counts, when it gave them."""
+        """The upstream's own token counts (when it gave them), and which model answered and why it stopped."""
         if usage is not None:
             self.prompt_tokens, self.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+            self.response_model = usage.model or self.response_model
+            self.finish_reasons = usage.finish_reasons or self.finish_reasons
+
+    def note_content(self, now: float, events: int) -> None:
+        """The stream loop forwarded `events` content-bearing events at monotonic time `now`."""
+        gaps = self.gaps
+        if gaps is None:
+            gaps = self.gaps = TokenGaps()
+        gaps.note(now, events)
 
     def cancelled(self, reason: str) -> None:
         if self.upstream_cancelled is None:
             self.upstream_cancelled = reason
 
 
-class Recorder:
-    """Writes an exchange's metrics and its log line when it finishes."""
+def _streamed(ex: Exchange) -> bool:
+    """The response is (or would have been) a stream: a stream was asked for and the upstream said 2xx.
 
-    def __init__(self, metrics: Metrics, logger: Any) -> None:
+    `Exchange.stream` is the request's flag until an event stream arrives; a non-2xx answer to a
+    stream request is a whole body. (A 2xx JSON answer to a stream request counts as a stream here.)
+    """
+    return ex.stream and (ex.upstream_status is None or 200 <= ex.upstream_status < 300)
+
+
+def abort_phase(ex: Exchange) -> str:
+    """Where the client left, from the record: before any upstream answer, before a stream's first
+    content (held or committed), mid-stream, or during a whole response."""
+    if ex.phase in (Phase.RECEIVED, Phase.AWAITING_HEADERS) or ex.upstream_status is None:
+        return "before_headers"
+    if _streamed(ex):
+        return "before_first_token" if ex.first_content_at is None else "mid_stream"
+    return "whole_body"
+
+
+class Recorder:
+    """Writes an exchange's metrics and its log line when it finishes (and its span, with tracing on)."""
+
+    def __init__(self, metrics: Metrics, logger: Any, tracing: Tracing | None = None) -> None:
         self.metrics = metrics
         self.logger = logger
+        self.tracing = tracing
 
-    def start(self, ex: Exchange) -> None:
+    def start(self, ex: Exchange, headers: Mapping[str, str] | None = None) -> None:
+        """The exchange arrived; `headers` (the client's) may carry a trace context to continue."""
         self.metrics.inflight.labels(api=ex.api).inc()
+        if self.tracing is not None:
+            self.tracing.begin(ex, headers)
+
+    def propagate(self, ex: Exchange, upstream_headers: MutableMapping[str, str]) -> None:
+        """Send the proxy's span context upstream (`traceparent`/`tracestate`), replacing the client's."""
+        if self.tracing is not None:
+            self.tracing.inject(ex, upstream_headers)
 
     def record_refusal(self, status: int, reason: str, bytes_out: int, *, client: str | None) -> None:
         """A connection-level refusal (bad HTTP, a header timeout, too many connections): one exchange."""
@@ -110,12 +161,20 @@ class Recorder:
             m.cancellations.labels(api=ex.api, reason=ex.upstream_cancelled).inc()
         for rewrite in ex.rewrites:
             m.rewrites.labels(api=ex.api, reason=rewrite).inc()
+        phase = self._count_abort(ex, now) if outcome == "aborted" else None
+        if outcome == "ok" and ex.gaps is not None:
+            self.count_latency(ex.api, ex.gaps)
         usage_source = self._count_tokens(ex, model)
         extra = {"client_request_id": ex.client_request_id} if ex.client_request_id is not None else {}
         try:
-            self._log(ex, outcome, reason, now, ttft, usage_source, extra)
+            self._log(ex, outcome, reason, now, ttft, usage_source, phase, extra)
         except Exception:  # the line must never fail the request; a bare one says what was lost
             self.logger.error("request_log_failed", request_id=ex.request_id, outcome=outcome, reason=reason)
+        if ex.span is not None and self.tracing is not None:
+            try:
+                self.tracing.end(ex, outcome, reason, phase)
+            except Exception:  # a tracing failure must never reach the client's response
+                self.logger.exception("tracing_error", request_id=ex.request_id)
 
     def _log(
         self,
@@ -125,6 +184,7 @@ class Recorder:
         now: float,
         ttft: float | None,
         usage_source: str | None,
+        phase: str | None,
         extra: dict[str, str],
     ) -> None:
         self.logger.info(
@@ -148,8 +208,26 @@ class Recorder:
             usage_source=usage_source,
             upstream_cancelled=ex.upstream_cancelled is not None,
             client=ex.client,
+            abort_phase=phase,
             **extra,
         )
+
+    def _count_abort(self, ex: Exchange, now: float) -> str:
+        """Where the client left; before any content, also how long it had waited (queueing pain)."""
+        phase = abort_phase(ex)
+        self.metrics.aborts.labels(api=ex.api, phase=phase).inc()
+        if phase in ("before_headers", "before_first_token"):
+            left = ex.settled_at if ex.settled_at is not None else now
+            self.metrics.abort_wait.labels(api=ex.api).observe(left - ex.started)
+        return phase
+
+    def count_latency(self, api: str, gaps: TokenGaps) -> None:
+        """An ok stream's gaps into the ITL histogram, and its time per output token."""
+        if gaps.gaps:
+            self.metrics.inter_token_latency.merge(api, gaps)
+        tpot = gaps.time_per_output_token()
+        if tpot is not None:
+            self.metrics.time_per_output_token.labels(api=api).observe(tpot)
 
     def _count_tokens(self, ex: Exchange, model: str) -> str | None:
         """Usage from the upstream where it gave it; else a stream's delivered content events, estimated.

@@ -91,7 +91,7 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
         ex.client_request_id = sent_id  # logged escaped and cut; never echoed or sent upstream
     task = asyncio.current_task()
     assert task is not None
-    state.recorder.start(ex)
+    state.recorder.start(ex, request.headers)
     state.track(task, ex)
     try:
         if state.draining:
@@ -208,6 +208,7 @@ async def _exchange(
         headers.popall("Accept-Encoding", None)
     if state.upstream_authorization and "Authorization" not in headers:
         headers["Authorization"] = state.upstream_authorization
+    state.recorder.propagate(ex, headers)  # issue 13: the proxy's span context goes upstream
     url = URL(state.upstream_base + target, encoded=True)
     data = body if body or request.method not in _NO_BODY_METHODS else None
     ex.phase = Phase.AWAITING_HEADERS

@@ -53,6 +53,7 @@ class Step:
     reason: str | None = None  # when done: the design section 3 reason
     failure: Failure | None = None  # when done before commit: send this instead of a 200
     first_content: bool = False  # carries the first content-bearing event (time to first token)
+    content_events: int = 0  # content-bearing events in `data` (token latency)
 
 
 def _retry_headers(headers: dict[str, str]) -> dict[str, str]:
@@ -112,7 +113,8 @@ class StreamGuard:
 
     @property
     def usage(self) -> Usage | None:
-        return self._stream.usage
+        """The upstream's usage, with the model that answered and the finish reasons."""
+        return self._stream.report()
 
     @property
     def done(self) -> bool:
@@ -208,6 +210,7 @@ class StreamGuard:
             if kind is Kind.CONTENT:
                 out.append(item.raw)
                 self.content_events += 1
+                step.content_events += 1
                 if self.content_events == 1:
                     step.first_content = True
                 if not self.committed:

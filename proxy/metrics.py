@@ -17,8 +17,11 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import __version__
+from .latency import ITL_BUCKETS, GapHistogram
 
-__all__ = ["APIS", "CANCELLATION_REASONS", "CONTENT_TYPE_LATEST", "REWRITE_REASONS", "Metrics", "ModelLabels"]
+__all__ = [
+    "ABORT_PHASES", "APIS", "CANCELLATION_REASONS", "CONTENT_TYPE_LATEST", "REWRITE_REASONS", "Metrics", "ModelLabels",
+]
 
 APIS = ("chat_completions", "completions", "responses", "messages", "embeddings", "models", "other")
 CANCELLATION_REASONS = (
@@ -29,8 +32,16 @@ REWRITE_REASONS = (
     "malformed_event", "oversized_event", "late_commit_status",
 )
 
+# Where the client left (design section 7): the upstream had not answered yet; a stream with no content
+# yet; a stream mid-way; a whole (non-stream) response being read or written.
+ABORT_PHASES = ("before_headers", "before_first_token", "mid_stream", "whole_body")
+
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Time per output token of a whole stream: the ITL range, narrower at the top (an average smooths stalls).
+TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+# How long a user waited before giving up with nothing received: the TTFT range.
+ABORT_WAIT_BUCKETS = TTFT_BUCKETS
 MODEL_NAME_MAX = 100
 
 
@@ -69,7 +80,7 @@ class Metrics:
     """Every streamwarden metric, registered on `registry`."""
 
     def __init__(self, model_label_limit: int = 50, registry: CollectorRegistry | None = None) -> None:
-        # The contract is the ten families of design section 7; prometheus_client would add a
+        # The contract is the families of design section 7; prometheus_client would add a
         # `*_created` gauge per counter and histogram series. (A library-wide switch, set once.)
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -105,6 +116,25 @@ class Metrics:
             "streamwarden_tokens", "Tokens by kind, from the upstream's usage or estimated from delivered events.",
             ["api", "model", "kind", "source"], registry=r,
         )
+        self.inter_token_latency = GapHistogram(
+            "streamwarden_inter_token_latency_seconds",
+            "Gaps between consecutive content-bearing events of ok streams, as the proxy forwarded them.",
+            ITL_BUCKETS,
+        )
+        r.register(self.inter_token_latency)
+        self.time_per_output_token = Histogram(
+            "streamwarden_time_per_output_token_seconds",
+            "Per ok stream: (last content - first content) / (content events - 1).",
+            ["api"], buckets=TPOT_BUCKETS, registry=r,
+        )
+        self.aborts = Counter(
+            "streamwarden_aborts", "Exchanges the client abandoned, by where it left.", ["api", "phase"], registry=r,
+        )
+        self.abort_wait = Histogram(
+            "streamwarden_abort_wait_seconds",
+            "From arrival to the abort, for aborts before the first token (before_headers, before_first_token).",
+            ["api"], buckets=ABORT_WAIT_BUCKETS, registry=r,
+        )
         self.upstream_up = Gauge("streamwarden_upstream_up", "1 when the last upstream probe answered.", registry=r)
         self.build_info = Gauge("streamwarden_build_info", "Always 1; carries the version.", ["version"], registry=r)
         self.build_info.labels(version=__version__).set(1)
@@ -117,6 +147,8 @@ class Metrics:
                 self.rewrites.labels(api=api, reason=reason)
             for reason in CANCELLATION_REASONS:
                 self.cancellations.labels(api=api, reason=reason)
+            for phase in ABORT_PHASES:
+                self.aborts.labels(api=api, phase=phase)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

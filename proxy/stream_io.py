@@ -140,6 +140,8 @@ async def _apply(out: ClientWriter, step: Step, ex: Exchange) -> web.Response | 
     """Carry out one guard step; returns a whole response when a failure is sent as a real status."""
     if step.first_content and ex.first_content_at is None:
         ex.first_content_at = time.monotonic()
+    if step.content_events:  # issue 13: inter-token latency
+        ex.note_content(time.monotonic(), step.content_events)
     if step.done:
         ex.settle(step.outcome or "error", step.reason or "proxy_error")
         if step.outcome == "error":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -18,7 +18,7 @@ import orjson
 from proxy.dialects.errors import ErrorInfo, anthropic_error_body, describe_error, openai_error_body
 from proxy.sse import Event
 
-__all__ = ["Dialect", "DialectStream", "Kind", "Usage", "usage_from"]
+__all__ = ["Dialect", "DialectStream", "Kind", "Usage", "reported", "usage_from"]
 
 
 class Kind(enum.Enum):
@@ -37,10 +37,24 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts as the upstream reported them (either may be missing)."""
+    """What the upstream reported about the generation: token counts (either may be missing) and, for
+    traces, the model that answered and why each choice stopped (not part of equality: the books
+    compare counts)."""
 
     prompt_tokens: int | None
     completion_tokens: int | None
+    model: str | None = field(default=None, compare=False)
+    finish_reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    def described(self, model: str | None, finish_reasons: tuple[str, ...]) -> Usage:
+        return Usage(self.prompt_tokens, self.completion_tokens, model, finish_reasons)
+
+
+def reported(usage: Usage | None, model: str | None, finish_reasons: tuple[str, ...]) -> Usage | None:
+    """`usage` with the model and finish reasons added; a count-less Usage when only those are known."""
+    if model is None and not finish_reasons:
+        return usage
+    return (usage or Usage(None, None)).described(model, finish_reasons)
 
 
 def _count(value: object) -> int | None:
@@ -63,13 +77,19 @@ class DialectStream(ABC):
     After `classify` returned `Kind.ERROR` or `Kind.FOREIGN`, `error` describes the upstream's error.
     """
 
-    __slots__ = ("error", "usage")
+    __slots__ = ("error", "finish_reasons", "response_model", "usage")
 
     json_events = True  # events must carry JSON data (the SDKs parse every one)
 
     def __init__(self) -> None:
         self.error: ErrorInfo | None = None
         self.usage: Usage | None = None
+        self.response_model: str | None = None  # the first `model` the upstream named
+        self.finish_reasons: tuple[str, ...] = ()  # in choice order, as far as the stream got
+
+    def report(self) -> Usage | None:
+        """The usage, with the model and finish reasons (read once, when the stream is over)."""
+        return reported(self.usage, self.response_model, self.finish_reasons)
 
     @property
     @abstractmethod

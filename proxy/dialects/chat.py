@@ -21,13 +21,14 @@ DONE_FRAME = b"data: [DONE]\n\n"
 class ChatStream(DialectStream):
     """Tracks, per choice index, whether it produced output and whether it has a finish_reason."""
 
-    __slots__ = ("_finished", "_produced", "_seen")
+    __slots__ = ("_finished", "_produced", "_reasons", "_seen")
 
     def __init__(self) -> None:
         super().__init__()
         self._seen: set[int] = set()
         self._finished: set[int] = set()
         self._produced: set[int] = set()
+        self._reasons: dict[int, str] = {}
 
     @property
     def finished(self) -> bool:
@@ -51,6 +52,10 @@ class ChatStream(DialectStream):
         usage = obj.get("usage")
         if usage:
             self.usage = usage_from(usage, "prompt_tokens", "completion_tokens") or self.usage
+        if self.response_model is None:
+            model = obj.get("model")
+            if type(model) is str and model:
+                self.response_model = model
         content = False
         for choice in choices:
             if type(choice) is not dict:
@@ -59,8 +64,12 @@ class ChatStream(DialectStream):
             if type(index) is not int:
                 index = 0
             self._seen.add(index)
-            if choice.get("finish_reason"):
+            reason = choice.get("finish_reason")
+            if reason:
                 self._finished.add(index)
+                if type(reason) is str:
+                    self._reasons[index] = reason
+                    self.finish_reasons = tuple(self._reasons[i] for i in sorted(self._reasons))
             delta = choice.get("delta")
             if type(delta) is dict:
                 # Text is the common case; tool calls, reasoning, refusals and audio count as output too.

@@ -57,10 +57,16 @@ class MessagesStream(DialectStream):
             message = obj.get("message")
             if isinstance(message, dict):
                 self._add_usage(message.get("usage"), with_output=False)
+                model = message.get("model")
+                if isinstance(model, str) and model:
+                    self.response_model = model
         elif kind == "message_delta":
             delta = obj.get("delta")
             if isinstance(delta, dict) and delta.get("stop_reason"):
                 self._stopped = True
+                reason = delta["stop_reason"]
+                if isinstance(reason, str):
+                    self.finish_reasons = (reason,)
             self._add_usage(obj.get("usage"), with_output=True)
         return Kind.PASS
 

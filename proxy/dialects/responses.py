@@ -56,6 +56,7 @@ class ResponsesStream(DialectStream):
                 self._remember(response)
             elif kind in _TERMINAL:
                 self._take_usage(response)
+                self._take_status(response)
                 return Kind.TERMINAL
             elif kind == "response.failed":
                 self._remember(response)
@@ -79,6 +80,22 @@ class ResponsesStream(DialectStream):
             for key in ("id", "created_at", "model"):
                 if key in response:
                     self._response[key] = response[key]
+            model = response.get("model")
+            if isinstance(model, str) and model:
+                self.response_model = model
+
+    def _take_status(self, response: object) -> None:
+        """The terminal status (`completed`, `incomplete`), or why it is incomplete (`max_output_tokens`)."""
+        if not isinstance(response, dict):
+            return
+        model = response.get("model")
+        if self.response_model is None and isinstance(model, str) and model:
+            self.response_model = model
+        details = response.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, dict) else None
+        status = reason if isinstance(reason, str) and reason else response.get("status")
+        if isinstance(status, str) and status:
+            self.finish_reasons = (status,)
 
     def _take_usage(self, response: object) -> None:
         if isinstance(response, dict):

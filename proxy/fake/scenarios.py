@@ -37,6 +37,8 @@ error_in_200              all                          200 whose JSON is ``{"obj
 batch_missing_choice      completions (non-stream)     drops choice index ``missing`` (the last)
 html_502                  all                          502 ``text/html`` nginx page
 late_headers              all                          sleeps ``delay`` s (5) before the response headers
+slow_body                 chat, completions,           200 and the first half of the whole JSON body, the rest
+                          responses, messages          after ``delay`` s (5) (non-stream)
 fail_first                all                          first ``failures`` attempts per key (``x-fault-key``,
                                                        else body hash): 503 + ``Retry-After: 0``; with
                                                        ``mode=stream`` (streams): 200 + stray 503 block
@@ -57,6 +59,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
+import orjson
 from aiohttp import web
 
 from proxy.fake.bodies import flat_error_body, html_page, whole_body
@@ -273,6 +276,21 @@ async def _late_headers(ex: Exchange, fault: Fault) -> web.StreamResponse:
     return await ex.normal()
 
 
+async def _slow_body(ex: Exchange, fault: Fault) -> web.StreamResponse:
+    body = orjson.dumps(whole_body(ex.generation()))
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.content_length = len(body)
+    ex.response = response
+    try:
+        await response.prepare(ex.request)
+        await response.write(body[: len(body) // 2])
+    except ConnectionResetError:
+        return response
+    await ex.hold(fault.number("delay", 5.0))
+    await response.write(body[len(body) // 2 :])
+    return response
+
+
 async def _fail_first(ex: Exchange, fault: Fault) -> web.StreamResponse:
     failures = fault.integer("failures", ex.settings.first_attempt_failures)
     mode = fault.choice("mode", ("status", "stream"))
@@ -345,6 +363,8 @@ _REGISTRY = (
     Scenario("html_502", ALL, "any", (), "502 text/html page from nginx", _html_502),
     Scenario("late_headers", ALL, "any", ("delay",),
              "waits `delay` s (5) before the response headers, then answers normally", _late_headers),
+    Scenario("slow_body", GENERATION, "whole", ("delay",),
+             "200 and the first half of the whole JSON body, the rest after `delay` s (5)", _slow_body),
     Scenario("fail_first", ALL, "any", ("failures", "mode"),
              "the first `failures` attempts per x-fault-key (else body hash) get 503 + Retry-After: 0; "
              "mode=stream: 200 + stray 503 block; later attempts succeed", _fail_first),

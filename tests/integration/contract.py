@@ -17,6 +17,11 @@ METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "streamwarden_tokens_total": ("counter", frozenset({"api", "model", "kind", "source"})),
     "streamwarden_upstream_up": ("gauge", frozenset()),
     "streamwarden_build_info": ("gauge", frozenset({"version"})),
+    # issue 13
+    "streamwarden_inter_token_latency_seconds": ("histogram", frozenset({"api"})),
+    "streamwarden_time_per_output_token_seconds": ("histogram", frozenset({"api"})),
+    "streamwarden_aborts_total": ("counter", frozenset({"api", "phase"})),
+    "streamwarden_abort_wait_seconds": ("histogram", frozenset({"api"})),
 }
 APIS = frozenset({"chat_completions", "completions", "responses", "messages", "embeddings", "models", "other"})
 OUTCOMES = frozenset({"ok", "error", "aborted"})
@@ -26,6 +31,8 @@ REASONS = {
         "upstream_4xx", "upstream_5xx", "connect_failed", "first_byte_timeout", "stall_timeout", "stream_cut",
         "stray_http_block", "upstream_error_frame", "invalid_upstream_body", "incomplete_batch",
         "body_too_large", "shutdown", "proxy_error",
+        # wave 2 (design section 3)
+        "bad_request", "bad_upstream_response", "proxy_overloaded", "client_timeout",
     }),
     "aborted": frozenset({"client_disconnect", "client_stalled"}),
 }  # fmt: skip
@@ -37,5 +44,6 @@ REWRITE_REASONS = frozenset({
     "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
     "malformed_event", "oversized_event", "late_commit_status",
 })  # fmt: skip
+ABORT_PHASES = frozenset({"before_headers", "before_first_token", "mid_stream", "whole_body"})
 KINDS = frozenset({"prompt", "completion"})
 SOURCES = frozenset({"usage", "estimated"})

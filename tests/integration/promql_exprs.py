@@ -2,7 +2,7 @@
 
 `dashboard_exprs()` and `rule_exprs()` give the expressions of grafana/streamwarden.json and
 deploy/prometheus/rules.yml, so a test can run each one against a real Prometheus. Grafana variables are
-replaced by concrete values (`$pod` and `$api` by `.*`, their "All" value, which also matches a series
+replaced by concrete values (`$namespace`, `$pod` and `$api` by `.*`, their "All" value, which also matches a series
 without the label; `$__rate_interval` by `1m`, ...), and an unknown variable is an error rather than a
 query that silently fails to parse.
 
@@ -40,6 +40,7 @@ DASHBOARD = ROOT / "grafana" / "streamwarden.json"
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 
 DEFAULT_VARIABLES: Mapping[str, str] = {
+    "namespace": ".*",
     "pod": ".*",
     "api": ".*",
     "__rate_interval": "1m",

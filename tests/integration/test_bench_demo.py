@@ -154,6 +154,7 @@ def test_bench_prints_both_sides() -> None:
     assert re.search(r"^proxy CPU per event\s+-\s+[\d.]+ us$", out, re.M)
     assert re.search(r"^proxy RSS \(peak\)\s+-\s+[\d.]+ MiB \(\d+\)$", out, re.M)
     assert re.search(r"20 abandons\none at a time .*: p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms$", out, re.M), out
+    assert re.search(r"^cost per content event\s+[\d.]+ us \([\d.]+ us in the stream loop\)$", out, re.M), out
     pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", out)]
     assert len(pids) == 2  # the fake upstream and the proxy, both stopped before bench exits
     for pid in pids:

@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 import yaml
 from promql_exprs import dashboard_exprs, rule_exprs
-from test_metrics_contract import abandon, call
+from test_metrics_contract import PATHS, abandon, answered, body_for, call, leave_when
 
 from tests.conftest import FakeUpstream, Proxy, ProxyFactory
 
@@ -61,11 +61,13 @@ def prometheus_config(admin_url: str) -> dict[str, Any]:
 
 
 async def drive(http: aiohttp.ClientSession, proxy: Proxy, fake: FakeUpstream, round_: str) -> None:
-    """Ok, error and aborted exchanges, with usage and estimated tokens, streams and whole bodies."""
+    """Ok, error and aborted exchanges (an abort at each phase), with usage and estimated tokens, streams
+    and whole bodies."""
     chat = "chat_completions"
     script: list[tuple[str, str, dict[str, Any]]] = [
         ("usage", chat, {"stream": True, "usage": True}),
         ("estimated", chat, {"stream": True}),
+        ("paced", chat, {"stream": True, "fault": "slow;rate=20;tokens=6"}),  # gaps of about 50 ms
         ("responses", "responses", {"stream": True}),
         ("messages-whole", "messages", {}),
         ("cut", chat, {"stream": True, "fault": "cut"}),
@@ -76,7 +78,15 @@ async def drive(http: aiohttp.ClientSession, proxy: Proxy, fake: FakeUpstream, r
     ]
     for rid, api, kw in script:
         await call(http, proxy, fake, f"{round_}-{rid}", api, **kw)
-    await abandon(http, proxy, fake, f"{round_}-abandoned", chat, content_events=1)
+    await abandon(http, proxy, fake, f"{round_}-abandoned", chat, content_events=1)  # mid_stream
+    stream = body_for(chat, stream=True)
+    rid = f"{round_}-gave-up-waiting"
+    await leave_when(http, proxy, rid, PATHS[chat], stream, lambda ex: fake.recorder.get(rid) is not None,
+                     {"x-fault": "late_headers;delay=60"})  # before_headers
+    await leave_when(http, proxy, f"{round_}-held", PATHS[chat], stream, answered,
+                     {"x-fault": "stall;after=1;hold=60"})  # before_first_token
+    await leave_when(http, proxy, f"{round_}-whole", PATHS[chat], body_for(chat, stream=False), answered,
+                     {"x-fault": "slow_body;delay=60"})  # whole_body
 
 
 class PromAPI:
@@ -160,7 +170,7 @@ async def test_every_dashboard_and_alert_expression_on_live_data(
             await drive(http, proxy, fake_upstream, "second")
             total = sum(s.value for m in proxy.state.metrics.registry.collect() for s in m.samples
                         if s.name == "streamwarden_requests_total")
-            assert total == 20
+            assert total == 28
             await prom.until("sum(streamwarden_requests_total)", total)
             await check_expressions(prom)
         finally:
@@ -176,8 +186,8 @@ async def test_every_dashboard_and_alert_expression_on_live_data(
 async def check_expressions(prom: PromAPI) -> None:
     panels = dashboard_exprs()
     rules = rule_exprs()
-    assert len(panels) >= 12
-    assert len(rules) >= 6
+    assert len(panels) >= 17
+    assert len(rules) >= 8
     for expr in panels:
         result = await prom.query(expr)
         assert result, f"dashboard query returned no data: {expr}"
@@ -198,3 +208,25 @@ async def check_expressions(prom: PromAPI) -> None:
     for histogram in ("streamwarden_time_to_first_token_seconds", "streamwarden_request_duration_seconds"):
         p95 = await prom.scalar(f"histogram_quantile(0.95, sum by (le) (rate({histogram}_bucket[1m])))")
         assert 0 < p95 < 5, (histogram, p95)
+
+    # Issue 13's panels, on this traffic (printed with -s: what each panel shows).
+    itl = {q: await prom.scalar(_quantile(q, "streamwarden_inter_token_latency_seconds")) for q in ("0.50", "0.95")}
+    tpot = {q: await prom.scalar(_quantile(q, "streamwarden_time_per_output_token_seconds")) for q in ("0.50", "0.95")}
+    wait = {q: await prom.scalar(_quantile(q, "streamwarden_abort_wait_seconds")) for q in ("0.50", "0.95")}
+    by_phase = {s["metric"]["phase"]: float(s["value"][1]) for s in await prom.query(
+        'sum by (phase) (rate(streamwarden_aborts_total[1m]))')}
+    error_ratio = {s["metric"]["api"]: float(s["value"][1]) for s in await prom.query(
+        next(e for e in panels if "code=~" in e))}
+    print(f"\nITL {itl}\nTPOT {tpot}\nabort wait {wait}\naborts/s by phase {by_phase}\nerror ratio {error_ratio}")
+    for quantiles in (itl, tpot, wait):
+        assert 0 < quantiles["0.50"] <= quantiles["0.95"] < 60, quantiles
+    assert set(by_phase) == {"before_headers", "before_first_token", "mid_stream", "whole_body"}
+    assert all(rate > 0 for rate in by_phase.values()), by_phase
+    # completions: the stall (a server error) and the 429 (the backend is full) both count; with the
+    # 4xx exclusion alone the 429 would not.
+    assert error_ratio["completions"] == 1.0
+    assert 0 < error_ratio["chat_completions"] < 1
+
+
+def _quantile(q: str, histogram: str) -> str:
+    return f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket[1m])))"

@@ -557,3 +557,20 @@ def test_describe_matches_registry_and_docstring() -> None:
         assert f"\n{row.name} " in doc, row.name
         assert row.dialects
         assert row.summary
+
+
+async def test_slow_body_sends_half_a_whole_body_then_the_rest(fake: Fake) -> None:
+    async with fake.post("/v1/chat/completions", CHAT, **{"x-fault": "slow_body;delay=0"}) as resp:
+        assert resp.headers["Content-Type"].startswith("application/json")
+        body = await resp.json()
+    assert body["choices"][0]["message"]["content"]
+    headers = {"x-fault": "slow_body;delay=30", "X-Request-Id": "sb"}
+    async with fake.post("/v1/chat/completions", CHAT, **headers) as resp:
+        length = int(resp.headers["Content-Length"])
+        half = await asyncio.wait_for(resp.content.readexactly(length // 2), 5)
+        assert half.startswith(b"{")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(resp.content.readexactly(1), 0.2)
+    assert (await fake.recorder.wait_finished("sb")).client_closed_at is not None
+    async with fake.post("/v1/chat/completions", {**CHAT, "stream": True}, **{"x-fault": "slow_body"}) as resp:
+        assert resp.status == 400  # a whole-body scenario

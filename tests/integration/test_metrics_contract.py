@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from contract import (
+    ABORT_PHASES,
     APIS,
     CANCELLATION_REASONS,
     KINDS,
@@ -30,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from proxy import __version__
-from tests.conftest import FakeUpstream, Proxy, ProxyFactory
+from tests.conftest import FakeUpstream, Proxy, ProxyFactory, until
 
 # --- the contract: design section 7 (names, types, labels), 3 and 10 (label values) ------------------
 
@@ -38,6 +39,7 @@ FIXED: dict[str, frozenset[str]] = {
     "api": APIS,
     "outcome": OUTCOMES,
     "kind": KINDS,
+    "phase": ABORT_PHASES,
     "source": SOURCES,
 }
 REASON_SETS = {
@@ -219,6 +221,33 @@ async def abandon(
     await proxy.line_for(rid)
 
 
+async def leave_when(
+    http: aiohttp.ClientSession, proxy: Proxy, rid: str, path: str, body: dict[str, Any] | bytes,
+    ready: Callable[[Any], bool], headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Send a request and close the connection once the proxy's record of it satisfies `ready`."""
+    hdrs = {"X-Request-Id": rid, **(headers or {})}
+
+    async def send() -> None:
+        kwargs: dict[str, Any] = {"data": body} if isinstance(body, bytes) else {"json": body}
+        async with http.post(f"{proxy.url}{path}", headers=hdrs, **kwargs) as resp:
+            await resp.read()
+
+    task = asyncio.ensure_future(send())
+    try:
+        await until(lambda: any(ex.request_id == rid and ready(ex) for ex in proxy.state.live.values()),
+                    within=10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return await proxy.line_for(rid)
+
+
+def answered(ex: Any) -> bool:
+    """The proxy's record of an exchange shows the upstream's response headers."""
+    return ex.upstream_status is not None
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -231,9 +260,12 @@ def closed_port() -> int:
 async def test_exposition_has_the_designed_names_types_and_labels(
     proxy: Proxy, fake_upstream: FakeUpstream, http: aiohttp.ClientSession
 ) -> None:
-    # One streamed exchange with usage and one without: every metric then has at least one series.
+    # One streamed exchange with usage, one without, one abandoned before its first token: every
+    # metric then has at least one series.
     await call(http, proxy, fake_upstream, "a-1", "chat_completions", stream=True, usage=True)
     await call(http, proxy, fake_upstream, "a-2", "chat_completions", stream=True)
+    await leave_when(http, proxy, "a-3", PATHS["chat_completions"], body_for("chat_completions", stream=True),
+                     answered, {"x-fault": "stall;after=1;hold=60"})
     exposition = await scrape(http, proxy)
     designed = {}
     for family in exposition.families.values():

@@ -9,16 +9,19 @@ when promtool is not on PATH (Debian: `apt-get install prometheus`).
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 import shutil
 import subprocess
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from contract import (
+    ABORT_PHASES,
     APIS,
     CANCELLATION_REASONS,
     KINDS,
@@ -42,6 +45,7 @@ from promql_exprs import (
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 RULES_TEST = PROMETHEUS / "rules_test.yml"
+PROMETHEUS_RULE = PROMETHEUS / "prometheusrule.yaml"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is not on PATH (Debian: apt-get install prometheus)"
@@ -61,6 +65,7 @@ FIXED_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("streamwarden_stream_rewrites_total", "reason"): REWRITE_REASONS,
     ("streamwarden_tokens_total", "kind"): KINDS,
     ("streamwarden_tokens_total", "source"): SOURCES,
+    ("streamwarden_aborts_total", "phase"): ABORT_PHASES,
     **{(name, "api"): APIS for name, (_, labels) in METRICS.items() if "api" in labels},
 }
 
@@ -105,7 +110,8 @@ def test_dashboard_panels_use_the_datasource_variable() -> None:
         assert panel["targets"], panel["title"]
     for panel, target in dashboard_targets():
         assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
-    for name in ("pod", "api"):
+    assert list(variables)[:4] == ["datasource", "namespace", "pod", "api"]
+    for name in ("namespace", "pod", "api"):
         variable = variables[name]
         assert variable["datasource"]["uid"] == "${datasource}"
         assert re.fullmatch(rf"label_values\(.+, {name}\)", variable["definition"])
@@ -113,11 +119,12 @@ def test_dashboard_panels_use_the_datasource_variable() -> None:
         assert variable["allValue"] == ".*"
 
 
-def test_dashboard_queries_filter_by_pod_and_api() -> None:
+def test_dashboard_queries_filter_by_namespace_pod_and_api() -> None:
     for panel, target in dashboard_targets():
-        expr = substitute(target["expr"], {"pod": "<pod>", "api": "<api>"})
+        expr = substitute(target["expr"], {"namespace": "<ns>", "pod": "<pod>", "api": "<api>"})
         for selector in selectors(expr):
             matchers = {(m.label, m.op, m.value) for m in selector.matchers}
+            assert ("namespace", "=~", "<ns>") in matchers, f"{panel['title']}: {selector.metric} misses $namespace"
             assert ("pod", "=~", "<pod>") in matchers, f"{panel['title']}: {selector.metric} misses $pod"
             if "api" in family(selector.metric)[1]:
                 assert ("api", "=~", "<api>") in matchers, f"{panel['title']}: {selector.metric} misses $api"
@@ -141,10 +148,150 @@ def test_dashboard_has_the_panels_of_the_brief() -> None:
     assert has("streamwarden_upstream_responses_total", {"code"})
     assert has("streamwarden_upstream_up", {"pod"})
     assert has("streamwarden_build_info", {"version"})
+    assert has("streamwarden_aborts_total", {"phase"})  # issue 13
     exprs = "\n".join(dashboard_exprs())
-    for histogram in ("streamwarden_time_to_first_token_seconds", "streamwarden_request_duration_seconds"):
+    for histogram in (
+        "streamwarden_time_to_first_token_seconds",
+        "streamwarden_request_duration_seconds",
+        "streamwarden_inter_token_latency_seconds",
+        "streamwarden_time_per_output_token_seconds",
+    ):
         for quantile in ("0.50", "0.95", "0.99"):
             assert f"histogram_quantile({quantile}, sum by (le) (rate({histogram}_bucket" in exprs
+    for quantile in ("0.50", "0.95"):
+        assert f"histogram_quantile({quantile}, sum by (le) (rate(streamwarden_abort_wait_seconds_bucket" in exprs
+
+
+# What a panel shows decides its unit (issue 13: rewrites are not requests). Rates of counters of
+# requests are reqps; ratios percentunit; quantiles of a *_seconds histogram s; other counts per
+# second name what they count.
+RATE_UNITS = {
+    "streamwarden_requests_total": "reqps",
+    "streamwarden_upstream_responses_total": "reqps",
+    "streamwarden_upstream_cancellations_total": "reqps",
+    "streamwarden_aborts_total": "reqps",
+    "streamwarden_stream_rewrites_total": "suffix: rewrites/s",
+    "streamwarden_tokens_total": "suffix: tokens/s",
+}
+
+
+def expected_unit(expr: str) -> str:
+    metrics = {s.metric for s in selectors(substitute(expr))}
+    if expr.startswith("histogram_quantile("):
+        [metric] = metrics
+        assert metric.endswith("_seconds_bucket"), expr
+        return "s"
+    if "\n/\n" in expr:
+        return "percentunit"
+    if "rate(" in expr:
+        units = {RATE_UNITS[m] for m in metrics}
+        assert len(units) == 1, expr
+        return units.pop()
+    [metric] = metrics
+    return {"streamwarden_inflight_requests": "short"}.get(metric, "none")  # a count; up/build info: values
+
+
+def test_every_panel_has_the_unit_of_what_it_shows() -> None:
+    checked = 0
+    for panel in dashboard()["panels"]:
+        if panel["type"] == "row":
+            continue
+        unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        expected = {expected_unit(target["expr"]) for target in panel["targets"]}
+        assert {unit} == expected, f"{panel['title']}: unit {unit!r}, shows {expected}"
+        checked += 1
+    assert checked >= 17
+
+
+def _without_threshold(expr: str) -> str:
+    match = re.search(r"\s*>\s*[\d.]+\s*$", expr)
+    assert match is not None, expr
+    return expr[: match.start()]
+
+
+def test_dashboard_error_ratio_is_the_alerts_expression() -> None:
+    """Issue 13: the panel and the alert agree on what counts (client errors but 408 and 429 do not)."""
+    [panel] = [p for p in dashboard()["panels"] if p["title"] == "Error ratio by api"]
+    [target] = panel["targets"]
+    shown = target["expr"].replace('namespace=~"$namespace", pod=~"$pod", api=~"$api", ', "")
+    shown = shown.replace('{namespace=~"$namespace", pod=~"$pod", api=~"$api"}', "")
+    shown = shown.replace("$__rate_interval", "5m").replace("sum by (api)", "sum by (namespace, api)")
+    [rule] = [r for r in alert_rules() if r["alert"] == "StreamwardenHighErrorRatio"]
+    assert " ".join(shown.split()) == " ".join(_without_threshold(str(rule["expr"])).split())
+    assert "upstream_4xx" in shown
+    assert 'code=~"408|429"' in shown
+
+
+def bad_enum_values(obj: Any, where: str) -> list[str]:
+    """Fields the SDK declares as enums but that hold a value outside the enum (it does not check)."""
+    if isinstance(obj, list):
+        return [bad for i, item in enumerate(obj) for bad in bad_enum_values(item, f"{where}[{i}]")]
+    if not type(obj).__module__.startswith("grafana_foundation_sdk"):
+        return []
+    try:
+        hints = typing.get_type_hints(type(obj))
+    except (NameError, TypeError):  # an annotation the SDK leaves unresolvable: nothing to check there
+        return []
+    bad: list[str] = []
+    for name, hint in hints.items():
+        value = getattr(obj, name, None)
+        if value is None:
+            continue
+        enums = [t for t in (typing.get_args(hint) or (hint,)) if isinstance(t, type) and issubclass(t, enum.Enum)]
+        if enums and not isinstance(value, enum.Enum):
+            if not any(value in {member.value for member in e} for e in enums):
+                bad.append(f"{where}/{name}: {value!r} is not a {enums[0].__name__}")
+        else:
+            bad.extend(bad_enum_values(value, f"{where}/{name}"))
+    return bad
+
+
+def test_grafana_foundation_sdk_reads_the_dashboard_without_losing_anything() -> None:
+    """Grafana's own types (grafana-foundation-sdk) parse the dashboard and re-emit it: no field is
+    dropped as unknown, no value changes, every enum-typed field holds one of its enum's values, and
+    every panel's options and field config take its plugin's types (a typo in a key, a bad enum value
+    or an unknown panel type shows here)."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard, Panel, RowPanel
+
+    register_default_plugins()
+    source = dashboard()
+    parsed = Dashboard.from_json(source)
+    emitted = json.loads(json.dumps(parsed, cls=JSONEncoder))
+    lost: list[str] = []
+
+    def compare(mine: Any, theirs: Any, where: str) -> None:
+        if isinstance(mine, dict) and isinstance(theirs, dict):
+            for key, value in mine.items():
+                if key not in theirs:
+                    lost.append(f"{where}/{key}")
+                else:
+                    compare(value, theirs[key], f"{where}/{key}")
+        elif isinstance(mine, list) and isinstance(theirs, list):
+            if len(mine) != len(theirs):
+                lost.append(f"{where}: {len(mine)} items became {len(theirs)}")
+            for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+                compare(a, b, f"{where}[{i}]")
+        elif mine != theirs:
+            lost.append(f"{where}: {mine!r} became {theirs!r}")
+
+    compare(source, emitted, "")
+    # Two fields Grafana writes itself that the SDK's schema does not model: the built-in annotation's
+    # marker and a query variable's `definition` (the query as the editor shows it).
+    unmodelled = {"/annotations/list[0]/builtIn"} | {
+        f"/templating/list[{i}]/definition" for i, v in enumerate(source["templating"]["list"]) if v["type"] == "query"
+    }
+    assert set(lost) == unmodelled, lost
+    assert bad_enum_values(parsed, "") == []
+    panels = parsed.panels or []
+    assert len(panels) == len(source["panels"])
+    for panel in panels:
+        assert isinstance(panel, (Panel, RowPanel))
+        if isinstance(panel, Panel):
+            assert not isinstance(panel.options, dict), f"{panel.title}: {panel.type} options were not typed"
+            assert panel.field_config is not None
+            assert panel.field_config.defaults is not None
 
 
 # --- every PromQL expression: dashboard, rules, and the rules' unit-test series --------------------------
@@ -221,6 +368,28 @@ def test_every_alert_has_for_severity_and_text() -> None:
         assert rule["annotations"]["description"]
 
 
+def test_every_alert_keeps_the_namespace_label() -> None:
+    """Issue 13: alerts say which namespace (grouped by it, or not aggregated at all)."""
+    for rule in alert_rules():
+        expr = str(rule["expr"])
+        groupings = [s.grouping for s in selectors(expr)]
+        aggregated = re.search(r"\b(sum|max|min|avg|count)\b", expr) is not None
+        assert not aggregated or all("namespace" in g for g in groupings), rule["alert"]
+        assert "namespace" in rule["annotations"]["description"], rule["alert"]
+
+
+def test_prometheusrule_manifest_carries_the_same_rules() -> None:
+    """The PrometheusRule for prometheus-operator users is rules.yml's groups, kept identical."""
+    manifest = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
+    assert manifest["kind"] == "PrometheusRule"
+    assert manifest["metadata"]["name"] == "streamwarden"
+    assert set(manifest["spec"]) == {"groups"}
+    assert manifest["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"], (
+        "deploy/prometheus/prometheusrule.yaml differs from rules.yml: copy rules.yml's groups under spec"
+    )
+
+
 def test_alerts_cover_the_brief() -> None:
     rules = {rule["alert"]: rule for rule in alert_rules()}
     by_expr = {name: " ".join(str(rule["expr"]).split()) for name, rule in rules.items()}
@@ -237,6 +406,8 @@ def test_alerts_cover_the_brief() -> None:
     alert("streamwarden_stream_rewrites_total", 'reason="stall_timeout"')
     alert("streamwarden_stream_rewrites_total", 'reason="stray_http_block"')
     alert("histogram_quantile(0.95", "streamwarden_time_to_first_token_seconds_bucket")
+    alert("histogram_quantile(0.95", "streamwarden_inter_token_latency_seconds_bucket")
+    alert("streamwarden_aborts_total", 'phase=~"before_headers|before_first_token"')
 
 
 def test_rule_unit_tests_show_every_alert_firing_and_silent() -> None:

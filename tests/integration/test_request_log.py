@@ -29,6 +29,7 @@ FIELDS = frozenset({
     "request_id", "method", "path", "api", "model", "stream", "status", "upstream_status", "outcome", "reason",
     "duration_ms", "ttft_ms", "events", "bytes_out", "prompt_tokens", "completion_tokens", "usage_source",
     "upstream_cancelled", "client",
+    "abort_phase",  # issue 13: where an aborted exchange was left (null otherwise)
 })
 STRUCTLOG = frozenset({"event", "level", "timestamp"})
 PROMPT = "say hi please"  # 3 prompt tokens for the fake
@@ -102,7 +103,7 @@ async def test_ok_stream_line(proxy: Proxy, fake_upstream: FakeUpstream, http: a
         "events": 20,  # role chunk, 16 content chunks, finish chunk, usage chunk, [DONE]
         "bytes_out": len(data),
         "prompt_tokens": 3, "completion_tokens": 16, "usage_source": "usage", "upstream_cancelled": False,
-        "client": "127.0.0.1", "event": "request", "level": "info", "timestamp": "",
+        "client": "127.0.0.1", "event": "request", "level": "info", "timestamp": "", "abort_phase": None,
     }
     assert line["events"] == events_in(data)
     assert isinstance(line["ttft_ms"], float)
@@ -187,6 +188,7 @@ async def test_aborted_line(proxy: Proxy, fake_upstream: FakeUpstream, http: aio
         "upstream_cancelled": True,
     }
     assert isinstance(line["ttft_ms"], float)
+    assert line["abort_phase"] == "mid_stream"
 
 
 

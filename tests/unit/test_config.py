@@ -76,3 +76,45 @@ def test_redacted_upstream_hides_the_password() -> None:
     cfg = Config(upstream="http://user:secret@backend:8000")
     assert "secret" not in cfg.redacted_upstream()
     assert "user" in cfg.redacted_upstream()
+
+
+# --- issue 13: --otlp-endpoint -------------------------------------------------------------------------
+
+
+def test_otlp_endpoint_is_off_by_default_and_read_from_flag_or_variables() -> None:
+    assert _config(["--upstream", "http://u"]).otlp_endpoint is None
+    assert _config(["--upstream", "http://u", "--otlp-endpoint", "http://collector:4318/"]).otlp_endpoint == (
+        "http://collector:4318"
+    )
+    assert _config(["--upstream", "http://u"], {"STREAMWARDEN_OTLP_ENDPOINT": "https://c:4318"}).otlp_endpoint == (
+        "https://c:4318"
+    )
+    # The standard OpenTelemetry variable, when nothing of ours says otherwise.
+    standard = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318"}
+    assert _config(["--upstream", "http://u"], standard).otlp_endpoint == "http://otel:4318"
+    assert _config(["--upstream", "http://u", "--otlp-endpoint", "http://mine:4318"], standard).otlp_endpoint == (
+        "http://mine:4318"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "names"),
+    [
+        (["--otlp-endpoint", "collector:4318"], {}, "argument --otlp-endpoint: expected an http:// or https:// URL"),
+        ([], {"OTEL_EXPORTER_OTLP_ENDPOINT": "grpc://x"}, "OTEL_EXPORTER_OTLP_ENDPOINT: expected an http://"),
+    ],
+)
+def test_bad_otlp_endpoints_name_where_they_came_from(argv: list[str], env: dict[str, str], names: str) -> None:
+    with pytest.raises(ConfigError, match=names):
+        _config(["--upstream", "http://u", *argv], env)
+
+
+def test_otlp_endpoint_without_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for by flag: a clear start-up error. Only the standard variable (set pod-wide by an
+    OpenTelemetry Operator, say): tracing stays off rather than the sidecar refusing to start."""
+    import proxy.tracing
+
+    monkeypatch.setattr(proxy.tracing, "otel_installed", lambda: False)
+    with pytest.raises(ConfigError, match=r"--otlp-endpoint: needs the otel extra: pip install 'streamwarden\[otel\]'"):
+        _config(["--upstream", "http://u", "--otlp-endpoint", "http://c:4318"])
+    assert _config(["--upstream", "http://u"], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}).otlp_endpoint is None

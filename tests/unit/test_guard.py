@@ -226,7 +226,10 @@ def test_normal_stream_passes_byte_identical(name: str, hold: bool) -> None:
 def test_normal_chat_without_usage_chunk() -> None:
     result = run("chat_completions", CHAT_BODY + DONE)
     assert result.output == CHAT_BODY + DONE
-    assert result.usage is None
+    assert result.usage is not None  # no counts, but the model that answered and why it stopped (traces)
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (None, None)
+    assert result.usage.model is not None
+    assert result.usage.finish_reasons == ("stop",)
     assert result.events == 5  # 4 chunks + [DONE]; the comment is forwarded but not counted
 
 
