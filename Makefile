@@ -9,7 +9,7 @@ ADMIN_PORT ?= 9464
 FAKE_PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: install test lint run demo bench clean
+.PHONY: install test test-real llama-server lint run demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The real tier: llama.cpp's llama-server (built once into ~/.cache/streamwarden, ~12 min on 2 cores).
+llama-server:
+	PYTHON=$(BIN)/python bash scripts/build-llama-server.sh
+
+test-real: $(STAMP) llama-server
+	STREAMWARDEN_BUILD_LLAMA=1 $(BIN)/pytest tests/real $(PYTEST_ARGS)
 
 # The proxy in front of the built-in fake upstream, or in front of UPSTREAM=URL.
 run: $(STAMP)

@@ -1,0 +1,198 @@
+"""llama.cpp's `llama-server` for the real tier: the binary, models made at test time, the process.
+
+No model file lives in the repository and none is downloaded: `write_model` writes a llama-architecture
+GGUF with random weights (an SPM vocabulary of the 256 byte tokens plus printable ASCII, a ChatML
+template) in well under a second. Random weights rarely pick EOS, so streams run to `max_tokens`, and
+greedy decoding (temperature 0) makes every answer the same twice: what the equality tests need.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "scripts" / "build-llama-server.sh"
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def binary_path() -> Path:
+    """Where the build script puts (or has put) the binary for this CPU."""
+    out = subprocess.run(["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def build_binary() -> Path:
+    """Build (or find) the binary; the build's progress goes to the terminal."""
+    env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}  # this venv has pip
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=True, env=env)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    embedding: int
+    layers: int
+    heads: int
+    context: int = 512
+    seed: int = 1234
+
+    @property
+    def feed_forward(self) -> int:
+        return self.embedding * 8 // 3 // 32 * 32 or 32
+
+
+TINY = ModelShape(embedding=64, layers=2, heads=4)  # about 400 tokens/s: the equality and fault tests
+WIDE = ModelShape(embedding=512, layers=8, heads=8)  # about 15 ms per token: the cancellation tests
+
+
+def _vocabulary() -> tuple[list[bytes], list[float], list[int]]:
+    from gguf import TokenType
+
+    tokens: list[bytes] = [b"<unk>", b"<s>", b"</s>", b"<|im_start|>", b"<|im_end|>"]
+    types: list[int] = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL, TokenType.CONTROL, TokenType.CONTROL]
+    tokens += [f"<0x{byte:02X}>".encode() for byte in range(256)]
+    types += [TokenType.BYTE] * 256
+    tokens.append("\u2581".encode())  # SPM's word boundary (a space)
+    types.append(TokenType.NORMAL)
+    for code in range(33, 127):
+        tokens.append(chr(code).encode())
+        types.append(TokenType.NORMAL)
+    scores = [0.0] * 5 + [0.0] * 256 + [-1.0 - i * 0.01 for i in range(len(tokens) - 261)]
+    return tokens, scores, [int(t) for t in types]
+
+
+def write_model(path: Path, shape: ModelShape) -> Path:
+    """A loadable GGUF with random weights (F16 matrices, F32 norms)."""
+    from gguf import GGUFWriter, LlamaFileType
+
+    tokens, scores, types = _vocabulary()
+    vocab, n, ff = len(tokens), shape.embedding, shape.feed_forward
+    rng = np.random.default_rng(shape.seed)
+
+    def matrix(rows: int, cols: int) -> np.ndarray:  # numpy order: (ggml ne[1], ggml ne[0])
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name("streamwarden-test")
+    writer.add_file_type(LlamaFileType.MOSTLY_F16)
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(n)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(ff)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.heads)
+    writer.add_rope_dimension_count(n // shape.heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_chat_template(CHATML)
+    writer.add_tensor("token_embd.weight", matrix(vocab, n))
+    writer.add_tensor("output_norm.weight", np.ones(n, dtype=np.float32))
+    writer.add_tensor("output.weight", matrix(vocab, n))
+    for layer in range(shape.layers):
+        prefix = f"blk.{layer}."
+        writer.add_tensor(prefix + "attn_norm.weight", np.ones(n, dtype=np.float32))
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            writer.add_tensor(prefix + name + ".weight", matrix(n, n))
+        writer.add_tensor(prefix + "ffn_norm.weight", np.ones(n, dtype=np.float32))
+        writer.add_tensor(prefix + "ffn_gate.weight", matrix(ff, n))
+        writer.add_tensor(prefix + "ffn_up.weight", matrix(ff, n))
+        writer.add_tensor(prefix + "ffn_down.weight", matrix(n, ff))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LlamaServer:
+    """One llama-server process on a loopback port, stopped by its PID."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+    model: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @classmethod
+    def start(cls, binary: Path, model: Path, log: Path, *extra: str, within: float = 60.0) -> LlamaServer:
+        port = free_port()
+        args = [
+            str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--metrics",
+            "--ctx-size", "512", "--parallel", "1", "--threads", "2", "--seed", "42", "--no-webui", *extra,
+        ]
+        with log.open("wb") as sink:
+            process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        server = cls(process, f"http://127.0.0.1:{port}", log, model)
+        server.wait_healthy(within)
+        return server
+
+    def wait_healthy(self, within: float) -> None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.process.returncode}: {self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"llama-server was not healthy within {within} s: {self.tail()}")
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+
+def parse_metric(text: str, name: str) -> float:
+    """One unlabelled sample of a Prometheus text page (llama-server's names contain a colon)."""
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
