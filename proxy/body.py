@@ -1,7 +1,8 @@
 """Verdicts on whole (non-stream) response bodies, design section 6.
 
-A 200 is not always a success: vLLM has answered `null`, backends hide error objects in 2xx bodies,
-and batched completions have come back with choices missing. Error bodies come in every backend's
+A 200 is not always a success: vLLM has answered `null` and ends choices its engine aborted with
+`finish_reason: "abort"`, backends hide error objects in 2xx bodies, and batched completions have
+come back with choices missing. Error bodies come in every backend's
 shape and as load balancers' HTML pages; the client's SDK only reads its own. This module decides,
 without I/O, whether the upstream body passes as is or is replaced by one in the dialect's shape.
 """
@@ -15,6 +16,7 @@ import orjson
 
 from proxy.dialects import Dialect, RequestInfo, Usage
 from proxy.dialects.base import reported, usage_from
+from proxy.dialects.chat import ABORT_REASON, ABORTED
 from proxy.dialects.errors import cut, describe_error, error_message, is_error_object, text_message
 
 __all__ = ["BodyVerdict", "judge_body"]
@@ -27,6 +29,7 @@ _USAGE_KEYS = {
     "messages": ("input_tokens", "output_tokens"),
 }
 _NOT_JSON = object()
+_CHOICE_DIALECTS = frozenset({"chat_completions", "completions"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +76,16 @@ def _judge_success(dialect: Dialect, request: RequestInfo, content_type: str | N
     if is_error_object(obj):
         info = describe_error(obj)
         return _replace(dialect, info.status, info.message, "upstream_error_frame", info.code)
+    keys = _USAGE_KEYS.get(dialect.name)
+    usage = usage_from(obj.get("usage"), *keys) if keys else None
+    if dialect.name in _CHOICE_DIALECTS and _aborted(obj):
+        # Failed, but the tokens were generated: their usage is still booked.
+        body = dialect.error_body(ABORTED.status, ABORTED.message, ABORTED.code)
+        return BodyVerdict("error", "upstream_aborted", (ABORTED.status, body), reported(usage, *_described(obj)))
     if dialect.name == "completions":
         missing = _missing_choices(obj, request.prompts * request.n)
         if missing:
             return _replace(dialect, 502, missing, "incomplete_batch")
-    keys = _USAGE_KEYS.get(dialect.name)
-    usage = usage_from(obj.get("usage"), *keys) if keys else None
     return BodyVerdict("ok", "complete", None, reported(usage, *_described(obj)))
 
 
@@ -97,6 +104,14 @@ def _described(obj: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
         reason = details.get("reason") if isinstance(details, dict) else None
         reasons = [reason if isinstance(reason, str) and reason else obj["status"]]
     return (model if isinstance(model, str) and model else None), tuple(reasons)
+
+
+def _aborted(obj: dict[str, object]) -> bool:
+    """A choice vLLM ended with `finish_reason: "abort"`: the engine dropped the request midway."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return False
+    return any(isinstance(choice, dict) and choice.get("finish_reason") == ABORT_REASON for choice in choices)
 
 
 def _missing_choices(obj: dict[str, object], expected: int) -> str | None:

@@ -239,6 +239,11 @@ class StreamGuard:
                 assert info is not None
                 reason = "upstream_error_frame"
                 return self._error(step, out, info.status, info.message, reason, "foreign_error_frame", info.code)
+            elif kind is Kind.ABORTED:
+                # The abort chunk itself is dropped (its finish_reason is not one the SDKs know).
+                info = stream.error
+                assert info is not None
+                return self._error(step, out, info.status, info.message, "upstream_aborted", "upstream_aborted")
             else:  # Kind.EARLY_DONE
                 return self._error(step, out, 502, _EARLY_DONE, "stream_cut", "stream_cut")
         return None

@@ -33,6 +33,7 @@ class Kind(enum.Enum):
     FOREIGN = enum.auto()  # an error in another shape: replace it with the dialect's error frame, end
     MALFORMED = enum.auto()  # the SDKs would die on it: drop this one event, stream on
     EARLY_DONE = enum.auto()  # `[DONE]` while a choice that produced output has no finish_reason
+    ABORTED = enum.auto()  # the backend aborted the generation (vLLM's `finish_reason: "abort"`): a failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,8 @@ def usage_from(obj: object, prompt_key: str, completion_key: str) -> Usage | Non
 class DialectStream(ABC):
     """Per-exchange streaming state: classifies events and builds the frames the proxy writes.
 
-    After `classify` returned `Kind.ERROR` or `Kind.FOREIGN`, `error` describes the upstream's error.
+    After `classify` returned `Kind.ERROR`, `Kind.FOREIGN` or `Kind.ABORTED`, `error` describes the
+    upstream's error.
     """
 
     __slots__ = ("error", "finish_reasons", "response_model", "usage")

@@ -1,8 +1,9 @@
 """OpenAI data-only streams: Chat Completions and legacy Completions (and the never-streamed rest).
 
-The wire format is `data: <json>` events ended by `data: [DONE]`. Backends end badly in three ways
+The wire format is `data: <json>` events ended by `data: [DONE]`. Backends end badly in four ways
 this module notices: an EOF without `[DONE]` (only a truncation when some choice has no
-finish_reason yet), a `[DONE]` after a choice was cut short, and errors in a dozen shapes.
+finish_reason yet), a `[DONE]` after a choice was cut short, a choice vLLM ended with
+`finish_reason: "abort"`, and errors in a dozen shapes.
 """
 
 from __future__ import annotations
@@ -10,12 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.dialects.base import DialectStream, Kind, usage_from
-from proxy.dialects.errors import describe_error, dumps, is_error_object, openai_error
+from proxy.dialects.errors import ErrorInfo, describe_error, dumps, is_error_object, openai_error
 from proxy.sse import Event
 
-__all__ = ["DONE_FRAME", "ChatStream"]
+__all__ = ["ABORTED", "ABORT_REASON", "DONE_FRAME", "ChatStream"]
 
 DONE_FRAME = b"data: [DONE]\n\n"
+# vLLM ends a choice with this non-OpenAI finish_reason when its engine aborts the request (shutdown,
+# an abort call, a sleep or scale-down pause), then sends `[DONE]`: a cut answer dressed as complete.
+ABORT_REASON = "abort"
+ABORTED = ErrorInfo(502, 'the upstream aborted the generation (finish_reason "abort")', "upstream_aborted")
 
 
 class ChatStream(DialectStream):
@@ -66,10 +71,13 @@ class ChatStream(DialectStream):
             self._seen.add(index)
             reason = choice.get("finish_reason")
             if reason:
-                self._finished.add(index)
                 if type(reason) is str:
                     self._reasons[index] = reason
                     self.finish_reasons = tuple(self._reasons[i] for i in sorted(self._reasons))
+                if reason == ABORT_REASON:
+                    self.error = ABORTED
+                    return Kind.ABORTED
+                self._finished.add(index)
             delta = choice.get("delta")
             if type(delta) is dict:
                 # Text is the common case; tool calls, reasoning, refusals and audio count as output too.

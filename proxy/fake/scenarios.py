@@ -46,6 +46,9 @@ upstream_4xx_native       all                          ``status`` (400) with the
 upstream_429              all                          429, ``Retry-After: 1``, rate-limit headers, JSON error
 upstream_5xx_flat         all                          500 with a flat ``{"object":"error",...}`` body
 upstream_detail           all                          400 with FastAPI's ``{"detail":"..."}``
+vllm_abort                chat, completions            ``at`` content events (half), then every choice ends with
+                                                       ``finish_reason: "abort"`` (usage if asked), ``[DONE]``;
+                                                       non-stream: a 200 whose choices say ``"abort"`` (vLLM #57082)
 ========================  ===========================  ==================================================
 
 "all" = chat_completions, completions, responses, messages, embeddings, models. Scenarios marked for
@@ -327,6 +330,13 @@ async def _upstream_detail(ex: Exchange, fault: Fault) -> web.StreamResponse:
     return ex.json({"detail": "fake upstream: invalid request"}, 400)
 
 
+async def _vllm_abort(ex: Exchange, fault: Fault) -> web.StreamResponse:
+    """What vLLM sends when its engine aborts a request (shutdown, abort, pause): a 200 that looks done."""
+    spec = ex.generation()
+    ex.spec = spec.replace(tokens=fault.integer("at", spec.tokens // 2, maximum=spec.tokens), finish="abort")
+    return await stream_normally(ex)
+
+
 _REGISTRY = (
     Scenario("stray_503", GENERATION, "stream", ("after",),
              "200, `after` events (the preamble), then a raw HTTP/1.0 503 block inside the body, then close",
@@ -374,6 +384,9 @@ _REGISTRY = (
              "429 with Retry-After: 1, x-ratelimit-* headers and the dialect's error JSON", _upstream_429),
     Scenario("upstream_5xx_flat", ALL, "any", (), 'a 500 with a flat {"object":"error",...} body', _upstream_5xx_flat),
     Scenario("upstream_detail", ALL, "any", (), 'a 400 with FastAPI\'s {"detail": "..."}', _upstream_detail),
+    Scenario("vllm_abort", CHAT_LIKE, "any", ("at",),
+             '`at` content events (half), then every choice ends with finish_reason "abort" and [DONE] '
+             "(vLLM #57082); non-stream: a 200 whose choices say abort", _vllm_abort),
 )  # fmt: skip
 
 SCENARIOS = MappingProxyType({s.name: s for s in _REGISTRY})

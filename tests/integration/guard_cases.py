@@ -38,6 +38,7 @@ FAKE_MESSAGE = "fake upstream: generation failed"  # the fake's own error frames
 CUT_MESSAGE = "the upstream stream ended before the response was complete"
 STALL_MESSAGE = "the upstream sent nothing for too long"
 EARLY_DONE_MESSAGE = "the upstream ended the stream while a choice had no finish_reason (generation cut short)"
+ABORT_MESSAGE = 'the upstream aborted the generation (finish_reason "abort")'
 EVENT_LIMIT = 16384  # the --max-event-size the oversized cases run with
 OVERSIZED_MESSAGE = f"an upstream event exceeded the proxy's limit of {EVENT_LIMIT} bytes"
 

@@ -19,6 +19,7 @@ import anthropic
 import openai
 import pytest
 from guard_cases import (
+    ABORT_MESSAGE,
     ALL,
     ANTHROPIC_MESSAGES,
     ANTHROPIC_TYPE,
@@ -76,6 +77,7 @@ IN_STREAM = {
     "error_string": Case("error_string", CHAT_LIKE, 502, FAKE_MESSAGE, "upstream_error_frame"),
     "error_field": Case("error_field", CHAT_LIKE, 500, FAKE_MESSAGE, "upstream_error_frame"),
     "done_without_finish": Case("done_without_finish", CHAT_LIKE, 502, EARLY_DONE_MESSAGE, "stream_cut"),
+    "vllm_abort": Case("vllm_abort", CHAT_LIKE, 502, ABORT_MESSAGE, "upstream_aborted"),
 }  # fmt: skip
 
 BEFORE_CONTENT = {
@@ -83,6 +85,7 @@ BEFORE_CONTENT = {
     "cut": Case("cut;after={pre}", ALL, 502, CUT_MESSAGE, "stream_cut"),
     "reset": Case("reset;after={pre}", ALL, 502, CUT_MESSAGE, "stream_cut"),
     "stall": Case("stall;after={pre};hold=30", ALL, 504, STALL_MESSAGE, "stall_timeout", {"idle_timeout": 0.5}),
+    "vllm_abort": Case("vllm_abort;at=0", CHAT_LIKE, 502, ABORT_MESSAGE, "upstream_aborted"),
 }
 
 

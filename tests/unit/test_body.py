@@ -185,6 +185,36 @@ def test_chat_is_not_batch_checked() -> None:
     assert judge("chat_completions", 200, choices(0), n=3).reason == "complete"
 
 
+ABORTED_BODIES = {
+    "chat_completions": {
+        "id": "c", "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "The fa"}, "finish_reason": "abort"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    },
+    "completions": {
+        "id": "c", "object": "text_completion",
+        "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"},
+                    {"index": 1, "text": "x", "finish_reason": "abort"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ABORTED_BODIES))
+def test_aborted_choice_in_a_200_is_a_502_with_its_usage(name: str) -> None:
+    verdict = judge(name, 200, ABORTED_BODIES[name], n=2 if name == "completions" else 1)
+    assert (verdict.outcome, verdict.reason) == ("error", "upstream_aborted")
+    assert verdict.usage == Usage(3, 2)  # the tokens were generated: still booked
+    status, error = replaced(verdict)
+    assert status == 502
+    assert (error["error"]["code"], error["error"]["type"]) == ("upstream_aborted", "server_error")
+
+
+@pytest.mark.parametrize("name", ["responses", "messages", "embeddings"])
+def test_abort_rule_is_only_for_choice_dialects(name: str) -> None:
+    assert judge(name, 200, {**VALID[name][0], "choices": [{"finish_reason": "abort"}]}).reason == "complete"
+
+
 # ---- 4xx / 5xx ---------------------------------------------------------------------------------------
 
 

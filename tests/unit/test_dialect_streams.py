@@ -72,6 +72,16 @@ def test_completions_text_is_content() -> None:
     assert s.finished
 
 
+@pytest.mark.parametrize("name", ["chat_completions", "completions"])
+def test_abort_finish_reason_is_classified_aborted(name: str) -> None:
+    s = stream(name)
+    assert s.classify(chunk(delta("x"))) is Kind.CONTENT
+    assert s.classify(chunk(delta(None, finish="abort"))) is Kind.ABORTED
+    assert s.error is not None
+    assert (s.error.status, s.error.code) == (502, "upstream_aborted")
+    assert not s.finished
+
+
 def test_chat_finished_needs_every_seen_choice() -> None:
     s = stream("chat_completions")
     s.classify(chunk(delta("a", 0), delta("b", 1)))

@@ -442,6 +442,57 @@ def test_stray_block_with_odd_status_is_a_502() -> None:
     assert sdk_error("chat_completions", result.output)["type"] == "server_error"
 
 
+# ---- a backend's own abort (vLLM's finish_reason "abort") ---------------------------------------------
+
+ABORT_CHUNK = {"chat_completions": chat(None, "abort"), "completions": text("", "abort")}
+
+
+@pytest.mark.parametrize("name", ["chat_completions", "completions"])
+def test_abort_after_content_is_an_error_frame_not_a_success(name: str) -> None:
+    body = UNFINISHED[name]
+    result = run(name, body + ABORT_CHUNK[name] + CHAT_USAGE + DONE)
+    assert (result.outcome, result.reason, result.rewrites) == ("error", "upstream_aborted", ("upstream_aborted",))
+    assert result.output.startswith(body)
+    tail = result.output[len(body) :]
+    assert b'"abort"' not in tail  # the abort chunk is replaced, not forwarded
+    error = sdk_error(name, tail)
+    assert (error["code"], error["type"]) == ("upstream_aborted", "server_error")
+    assert "abort" in error["message"]
+    assert openai_events(tail)[-1] == (None, "[DONE]")
+
+
+@pytest.mark.parametrize("name", ["chat_completions", "completions"])
+def test_abort_before_content_is_a_real_502(name: str) -> None:
+    preamble = NORMAL[name][0]
+    result = run(name, preamble + ABORT_CHUNK[name] + DONE)
+    assert (result.outcome, result.reason) == ("error", "upstream_aborted")
+    assert result.rewrites == ("upstream_aborted", "late_commit_status")
+    assert not result.committed
+    assert result.failure is not None
+    assert result.failure.status == 502
+    assert orjson.loads(result.failure.body)["error"]["code"] == "upstream_aborted"
+
+
+def test_abort_chunk_that_carries_the_last_content_still_fails() -> None:
+    body = UNFINISHED["chat_completions"]
+    result = run("chat_completions", body + chat("lo", "abort") + DONE)
+    assert (result.outcome, result.reason) == ("error", "upstream_aborted")
+
+
+def test_abort_of_one_choice_fails_the_stream_although_the_other_finished() -> None:
+    stream = chat("a", index=0) + chat("b", index=1) + chat(None, "stop", index=0)
+    result = run("chat_completions", stream + chat(None, "abort", index=1) + DONE)
+    assert (result.outcome, result.reason) == ("error", "upstream_aborted")
+    assert sdk_error("chat_completions", result.output[len(stream) :])["code"] == "upstream_aborted"
+
+
+@pytest.mark.parametrize("finish", ["stop", "length", "tool_calls", "content_filter", "function_call"])
+def test_openai_finish_reasons_are_not_aborts(finish: str) -> None:
+    body = UNFINISHED["chat_completions"]
+    result = run("chat_completions", body + chat(None, finish) + DONE)
+    assert (result.outcome, result.reason) == ("ok", "complete")
+
+
 # ---- upstream error frames -----------------------------------------------------------------------
 
 CHAT_NATIVE = data({"error": {"message": "engine died", "type": "InternalServerError", "param": None, "code": 500}})
