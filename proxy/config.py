@@ -17,6 +17,7 @@ from aiohttp import encode_basic_auth
 from yarl import URL
 
 from . import __version__
+from .cancel_hooks import CancelHook, HookError, parse_hook
 
 __all__ = ["SERVE_FLAGS", "Config", "ConfigError", "build_parser", "config_from_args", "parse_size"]
 
@@ -156,6 +157,13 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
 _OPTIONAL = frozenset({"admin-host"})  # flags whose default is derived from another flag
 
 
+# Repeatable flags: flag -> (parser of one value, help). The variable holds one value per line.
+REPEATED_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "cancel-hook": (parse_hook, "on abandon, also call the upstream: llama-conversation or 'METHOD /path [JSON]' "
+                    "with {request_id} and {conversation_id} (repeatable; default none)"),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Everything `serve` was told, validated once at start-up."""
@@ -186,6 +194,7 @@ class Config:
     max_client_connections: int = 4096
     max_buffered_body_bytes: int = 256 * 1024 * 1024
     max_event_size: int = 8 * 1024 * 1024
+    cancel_hook: tuple[CancelHook, ...] = ()
     otlp_endpoint: str | None = None  # issue 13: OpenTelemetry traces over OTLP/HTTP; None: off
 
     @property
@@ -225,6 +234,9 @@ def _add_serve(subparsers: Any) -> None:
         shown = f" (default {default})" if default else " (default: off)" if default == "" else ""
         shown = shown if default is not None or flag in _OPTIONAL else " (required)"
         serve.add_argument(f"--{flag}", metavar="VALUE", default=None, help=f"{text}{shown}; env {env_name(flag)}")
+    for flag, (_, text) in REPEATED_FLAGS.items():
+        serve.add_argument(f"--{flag}", metavar="VALUE", action="append", default=None,
+                           help=f"{text}; env {env_name(flag)}, one per line")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,6 +280,20 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
             values[flag.replace("-", "_")] = parse(raw)
         except ConfigError as exc:
             raise ConfigError(f"argument {source}: expected {exc}, got {raw!r}") from None
+    for flag, (parse, _) in REPEATED_FLAGS.items():
+        raws: list[str] = getattr(args, flag.replace("-", "_"), None) or []
+        source = f"--{flag}"
+        if not raws and env.get(env_name(flag), "").strip():
+            raws, source = env[env_name(flag)].splitlines(), f"--{flag} (from {env_name(flag)})"
+        parsed = []
+        for raw in raws:
+            if not raw.strip():
+                continue
+            try:
+                parsed.append(parse(raw))
+            except (ConfigError, HookError) as exc:
+                raise ConfigError(f"argument {source}: expected {exc}, got {raw!r}") from None
+        values[flag.replace("-", "_")] = tuple(parsed)
     if values["port"] == values["admin_port"]:
         raise ConfigError("argument --admin-port: expected a port other than --port's")
     values["otlp_endpoint"] = _otlp_endpoint(values["otlp_endpoint"], env)

@@ -136,6 +136,7 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
         ex.body_reserved = 0
         state.untrack(task)
         state.recorder.finish(ex)
+        state.cancel_hooks.fire(ex, request.headers, state.session)  # --cancel-hook: after a cancelled upstream
 
 
 async def _read_body(request: web.BaseRequest, state: ProxyState, ex: Exchange) -> bytes:

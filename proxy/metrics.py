@@ -20,16 +20,19 @@ from . import __version__
 from .latency import ITL_BUCKETS, GapHistogram
 
 __all__ = [
-    "ABORT_PHASES", "APIS", "CANCELLATION_REASONS", "CONTENT_TYPE_LATEST", "REWRITE_REASONS", "Metrics", "ModelLabels",
+    "ABORT_PHASES", "APIS", "CANCELLATION_REASONS", "CANCEL_HOOK_FAILURE_REASONS", "CONTENT_TYPE_LATEST",
+    "REWRITE_REASONS", "Metrics", "ModelLabels",
 ]
 
 APIS = ("chat_completions", "completions", "responses", "messages", "embeddings", "models", "other")
 CANCELLATION_REASONS = (
     "client_disconnect", "client_stalled", "stall_timeout", "first_byte_timeout", "shutdown", "upstream_error",
+    "cancel_hook",  # one per --cancel-hook call made, besides the close counted under the reason above
 )
+CANCEL_HOOK_FAILURE_REASONS = ("timeout", "connect_failed", "http_status", "invalid_body")
 REWRITE_REASONS = (
     "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
-    "malformed_event", "oversized_event", "late_commit_status",
+    "malformed_event", "oversized_event", "late_commit_status", "upstream_aborted",
 )
 
 # Where the client left (design section 7): the upstream had not answered yet; a stream with no content
@@ -80,8 +83,8 @@ class Metrics:
     """Every streamwarden metric, registered on `registry`."""
 
     def __init__(self, model_label_limit: int = 50, registry: CollectorRegistry | None = None) -> None:
-        # The contract is the families of design section 7; prometheus_client would add a
-        # `*_created` gauge per counter and histogram series. (A library-wide switch, set once.)
+        # The contract is the families of design section 7 (and issue 12's hook failures); prometheus_client
+        # would add a `*_created` gauge per counter and histogram series. (A library-wide switch, set once.)
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         self.models = ModelLabels(model_label_limit)
@@ -106,6 +109,10 @@ class Metrics:
         )
         self.cancellations = Counter(
             "streamwarden_upstream_cancellations", "Upstream requests the proxy cancelled, by why.",
+            ["api", "reason"], registry=r,
+        )
+        self.cancel_hook_failures = Counter(
+            "streamwarden_cancel_hook_failures", "--cancel-hook calls that failed, by how.",
             ["api", "reason"], registry=r,
         )
         self.rewrites = Counter(
@@ -149,6 +156,8 @@ class Metrics:
                 self.cancellations.labels(api=api, reason=reason)
             for phase in ABORT_PHASES:
                 self.aborts.labels(api=api, phase=phase)
+            for reason in CANCEL_HOOK_FAILURE_REASONS:
+                self.cancel_hook_failures.labels(api=api, reason=reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -87,6 +87,7 @@ class Server:
         if self._main is not None:
             await self._main.cleanup()
         await self._admin.cleanup()
+        await state.cancel_hooks.close()  # --cancel-hook calls still in flight use the session
         if state.session is not None:
             await state.session.close()
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from .body_budget import BodyBudget
+from .cancel_hooks import CancelHooks
 from .config import Config
 from .exchange import Exchange, Recorder
 from .metrics import Metrics
@@ -27,6 +28,7 @@ class ProxyState:
     upstream_authorization: str | None = None  # from credentials in --upstream, for clients that send none
     draining: bool = False
     body_budget: BodyBudget = field(init=False)
+    cancel_hooks: CancelHooks = field(init=False)  # issue 12: --cancel-hook
     live: dict[asyncio.Task[object], Exchange] = field(default_factory=dict)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -42,6 +44,8 @@ class ProxyState:
     def __post_init__(self) -> None:
         self.upstream_base, self.upstream_authorization = self.config.upstream_target()
         self.body_budget = BodyBudget(self.config.max_buffered_body_bytes)
+        self.cancel_hooks = CancelHooks(self.config.cancel_hook, self.upstream_base, self.upstream_authorization,
+                                        self.metrics, self.recorder.logger)  # fmt: skip
 
     def interrupt_all(self, reason: str) -> int:
         """Ask every exchange in flight to end with `reason` (e.g. shutdown); returns how many."""

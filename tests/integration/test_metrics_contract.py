@@ -18,6 +18,7 @@ import aiohttp
 from contract import (
     ABORT_PHASES,
     APIS,
+    CANCEL_HOOK_FAILURE_REASONS,
     CANCELLATION_REASONS,
     KINDS,
     METRICS,
@@ -46,6 +47,7 @@ REASON_SETS = {
     "streamwarden_requests_total": REQUEST_REASONS,
     "streamwarden_upstream_cancellations_total": CANCELLATION_REASONS,
     "streamwarden_stream_rewrites_total": REWRITE_REASONS,
+    "streamwarden_cancel_hook_failures_total": CANCEL_HOOK_FAILURE_REASONS,
 }
 
 PROMPT = "say hi please"  # the fake counts whitespace-separated words: 3 prompt tokens

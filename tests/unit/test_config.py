@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import SERVE_FLAGS, Config, ConfigError, build_parser, config_from_args, parse_size
+from proxy.config import REPEATED_FLAGS, SERVE_FLAGS, Config, ConfigError, build_parser, config_from_args, parse_size
 
 
 def _config(argv: list[str], env: dict[str, str] | None = None) -> Config:
@@ -31,7 +31,7 @@ def test_every_flag_reads_its_environment_variable_and_the_flag_wins() -> None:
 
 def test_flag_table_and_config_fields_agree() -> None:
     fields = set(Config.__dataclass_fields__) - {"max_event_size"}
-    assert {flag.replace("-", "_") for flag in SERVE_FLAGS} == fields
+    assert {flag.replace("-", "_") for flag in [*SERVE_FLAGS, *REPEATED_FLAGS]} == fields
 
 
 @pytest.mark.parametrize(
@@ -118,3 +118,46 @@ def test_otlp_endpoint_without_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(ConfigError, match=r"--otlp-endpoint: needs the otel extra: pip install 'streamwarden\[otel\]'"):
         _config(["--upstream", "http://u", "--otlp-endpoint", "http://c:4318"])
     assert _config(["--upstream", "http://u"], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}).otlp_endpoint is None
+
+
+# ---- --cancel-hook (repeatable) ----------------------------------------------------------------------------
+
+
+def test_cancel_hooks_repeat_and_keep_their_order() -> None:
+    cfg = _config(["--upstream", "http://u:1", "--cancel-hook", "llama-conversation",
+                   "--cancel-hook", 'POST /abort_request {"rid": "{request_id}"}'])  # fmt: skip
+    names = [hook.name for hook in cfg.cancel_hook]
+    assert names == ["llama-conversation", 'POST /abort_request {"rid": "{request_id}"}']
+    assert (cfg.cancel_hook[0].method, cfg.cancel_hook[0].path) == ("DELETE", "/v1/stream?conv_id={conversation_id}")
+
+
+def test_cancel_hooks_from_the_environment_one_per_line_and_the_flag_wins() -> None:
+    hooks = "llama-conversation\n\nDELETE /x/{request_id}\n"
+    env = {"STREAMWARDEN_UPSTREAM": "http://u:1", "STREAMWARDEN_CANCEL_HOOK": hooks}
+    assert [h.method for h in _config([], env).cancel_hook] == ["DELETE", "DELETE"]
+    assert [h.path for h in _config(["--cancel-hook", "POST /abort"], env).cancel_hook] == ["/abort"]
+    assert _config(["--upstream", "http://u:1"]).cancel_hook == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("llama", "llama-conversation or 'METHOD /path [JSON body]'"),
+        ("FETCH /x", "METHOD is one of"),
+        ("POST abort", "the path starts with /"),
+        ("POST /abort {rid}", "not rid"),
+        ("POST /abort/{session}", "not session"),
+        ('POST /abort {"rid": {request_id}', "the body must be JSON"),
+    ],
+)
+def test_bad_cancel_hook_names_the_flag(value: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _config(["--upstream", "http://u:1", "--cancel-hook", value])
+    assert str(info.value).startswith("argument --cancel-hook: expected llama-conversation or")
+    assert words in str(info.value)
+    assert repr(value) in str(info.value)
+
+
+def test_bad_cancel_hook_from_the_environment_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"--cancel-hook \(from STREAMWARDEN_CANCEL_HOOK\)"):
+        _config(["--upstream", "http://u:1"], {"STREAMWARDEN_CANCEL_HOOK": "nope"})
