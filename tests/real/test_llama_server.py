@@ -265,32 +265,36 @@ async def test_invalid_request_passes_as_llama_sent_it(
     assert words in through["error"]["message"]
 
 
+async def deferred(http: aiohttp.ClientSession, server: LlamaServer) -> float:
+    async with http.get(server.url + "/metrics") as resp:
+        return parse_metric(await resp.text(), "llamacpp:requests_deferred")
+
+
 async def test_a_request_queued_behind_a_busy_slot_times_out_as_a_504(
     make_proxy: ProxyFactory, llama_wide: LlamaServer
 ) -> None:
     """`--parallel 1`: a second stream waits for the slot without any response headers; the proxy's
-    --first-byte-timeout turns that into the dialect's 504 (the SDK may retry it)."""
-    proxy = await make_proxy(upstream=llama_wide.url, first_byte_timeout=0.5)
+    --first-byte-timeout turns that into the dialect's 504 (which the SDKs may retry)."""
+    proxy = await make_proxy(upstream=llama_wide.url, first_byte_timeout=0.3)
     async with aiohttp.ClientSession() as http:
-        busy = {"model": MODEL, "stream": True, "max_tokens": 400, "temperature": 0,
+        busy = {"model": MODEL, "stream": True, "max_tokens": 480, "temperature": 0,
                 "messages": [{"role": "user", "content": PROMPT}]}  # fmt: skip
         holder = await http.post(llama_wide.url + "/v1/chat/completions", json=busy)
         try:
             await asyncio.wait_for(holder.content.readuntil(b"\n\n"), BOUND)
+            queued = asyncio.ensure_future(ask(proxy.url, "chat_completions", stream=True))
+            async with asyncio.timeout(BOUND):
+                while await deferred(http, llama_wide) != 1 and not queued.done():  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
             with pytest.raises(openai.InternalServerError) as info:
-                await ask(proxy.url, "chat_completions", stream=True)
+                await queued
             assert info.value.status_code == 504
             assert (info.value.type, info.value.code) == ("timeout_error", "first_byte_timeout")
-            async with http.get(llama_wide.url + "/metrics") as resp:
-                page = await resp.text()
-            # llama-server keeps the abandoned request queued (nothing in its API takes it back) ...
-            assert parse_metric(page, "llamacpp:requests_deferred") == 1
         finally:
             holder.close()
-        # ... until the slot frees: then it starts it, sees the closed connection and drops it.
+        # llama-server keeps the abandoned request queued until the slot frees, then drops it.
         await predicted(http, llama_wide)
-        async with http.get(llama_wide.url + "/metrics") as resp:
-            assert parse_metric(await resp.text(), "llamacpp:requests_deferred") == 0
+        assert await deferred(http, llama_wide) == 0
     line = (await proxy.settled())[-1]
     assert (line["outcome"], line["reason"], line["upstream_cancelled"]) == ("error", "first_byte_timeout", True)
 
