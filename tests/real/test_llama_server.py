@@ -11,11 +11,17 @@ llama-conversation` stops the generation that a conversation id would otherwise 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import anthropic
 import openai
+import orjson
 import pytest
 
 from proxy.cancel_hooks import parse_hooks
@@ -310,3 +316,100 @@ async def test_generation_that_fills_the_context_ends_as_length(make_proxy: Prox
     assert line["completion_tokens"] < 512
 
 
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+async def test_batched_completions_are_not_taken_for_missing_choices(
+    make_proxy: ProxyFactory, llama: LlamaServer, stream: bool
+) -> None:
+    """Two prompts: llama-server answers choices 0 and 1, which the proxy's batch check must accept."""
+    proxy = await make_proxy(upstream=llama.url)
+    body = {"model": MODEL, "prompt": ["One", "Two"], "max_tokens": 4, "temperature": 0, "stream": stream}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(llama.url + "/v1/completions", json=body) as resp:
+            direct = await resp.read()
+        async with http.post(proxy.url + "/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            through = await resp.read()
+    if stream:
+        assert through.count(b'"finish_reason":"length"') == direct.count(b'"finish_reason":"length"') == 2
+        assert through.endswith(b"data: [DONE]\n\n")
+    else:
+        assert sorted(c["index"] for c in orjson.loads(through)["choices"]) == [0, 1]
+    line = (await proxy.settled())[-1]
+    assert (line["outcome"], line["reason"]) == ("ok", "complete")
+
+
+# ---- a backend that dies or hangs mid-stream --------------------------------------------------------------
+
+
+@pytest.fixture
+def llama_victim(llama_binary: Path, models: dict[str, Path], tmp_path: Path) -> Iterator[LlamaServer]:
+    """A server of its own, for a test that stops or kills it."""
+    server = LlamaServer.start(llama_binary, models["wide"], tmp_path / "llama-victim.log", "--no-cache-prompt")
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server.pid, signal.SIGCONT)
+        server.stop()
+
+
+async def read_some(stream: Any, count: int) -> list[Any]:
+    seen = []
+    async for item in stream:
+        seen.append(item)
+        if len(seen) == count:
+            break
+    return seen
+
+
+@pytest.mark.parametrize("api", ["chat_completions", "messages"])
+async def test_a_killed_server_ends_the_stream_with_the_dialects_error(
+    make_proxy: ProxyFactory, llama_victim: LlamaServer, api: str
+) -> None:
+    proxy = await make_proxy(upstream=llama_victim.url)
+    messages: Any = [{"role": "user", "content": PROMPT}]
+    async with openai_client(proxy.url) as oai, anthropic_client(proxy.url) as ant:
+        stream: Any
+        if api == "messages":
+            stream = await ant.messages.create(model=MODEL, max_tokens=480, messages=messages, stream=True)
+        else:
+            stream = await oai.chat.completions.create(model=MODEL, max_tokens=480, messages=messages, stream=True)
+        assert len(await read_some(stream, 5)) == 5
+        os.kill(llama_victim.pid, signal.SIGKILL)
+        with pytest.raises((openai.APIError, anthropic.APIStatusError)) as info:
+            async with asyncio.timeout(BOUND):
+                await read_some(stream, 10_000)
+    exc = info.value
+    if isinstance(exc, anthropic.APIStatusError):
+        assert (exc.status_code, exc.type) == (200, "api_error")
+    else:
+        assert type(exc) is openai.APIError
+        assert exc.code == "stream_cut"
+    line = (await proxy.settled())[-1]
+    assert (line["outcome"], line["reason"]) == ("error", "stream_cut")
+
+
+async def test_a_hung_server_is_a_stall_and_its_request_is_cancelled(
+    make_proxy: ProxyFactory, llama_victim: LlamaServer
+) -> None:
+    """SIGSTOP mid-stream: after --idle-timeout the client gets the error frame and the proxy closes the
+    upstream; once the server runs again it sees the close and stops generating."""
+    proxy = await make_proxy(upstream=llama_victim.url, idle_timeout=0.5)
+    async with aiohttp.ClientSession() as http:
+        before = await predicted(http, llama_victim)
+        async with openai_client(proxy.url) as oai:
+            stream = await oai.chat.completions.create(
+                model=MODEL, max_tokens=480, messages=[{"role": "user", "content": PROMPT}], stream=True
+            )
+            await read_some(stream, 5)
+            os.kill(llama_victim.pid, signal.SIGSTOP)
+            with pytest.raises(openai.APIError) as info:
+                async with asyncio.timeout(BOUND):
+                    await read_some(stream, 10_000)
+        assert (info.value.code, info.value.type) == ("stall_timeout", "timeout_error")
+        line = (await proxy.settled())[-1]
+        assert (line["outcome"], line["reason"], line["upstream_cancelled"]) == ("error", "stall_timeout", True)
+        os.kill(llama_victim.pid, signal.SIGCONT)
+        assert await predicted(http, llama_victim) - before < 480  # stopped by the close, not run to its end
