@@ -19,7 +19,7 @@ from yarl import URL
 from . import __version__
 from .cancel_hooks import CancelHook, HookError, parse_hook
 
-__all__ = ["SERVE_FLAGS", "Config", "ConfigError", "build_parser", "config_from_args", "parse_size"]
+__all__ = ["REPEATED_FLAGS", "SERVE_FLAGS", "Config", "ConfigError", "build_parser", "config_from_args", "parse_size"]
 
 _SIZE_UNITS = {
     "": 1, "b": 1,

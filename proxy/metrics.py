@@ -83,7 +83,7 @@ class Metrics:
     """Every streamwarden metric, registered on `registry`."""
 
     def __init__(self, model_label_limit: int = 50, registry: CollectorRegistry | None = None) -> None:
-        # The contract is the families of design section 7 (and issue 12's hook failures); prometheus_client
+        # The contract is the families of design section 7 (plus issue 12's hook failures); prometheus_client
         # would add a `*_created` gauge per counter and histogram series. (A library-wide switch, set once.)
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
