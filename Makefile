@@ -26,7 +26,7 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The real tier: llama.cpp's llama-server (built once into ~/.cache/streamwarden, ~12 min on 2 cores).
+# The real tier: llama.cpp's llama-server (built once into ~/.cache/streamwarden, 7-10 min on 2 cores).
 llama-server:
 	PYTHON=$(BIN)/python bash scripts/build-llama-server.sh
 

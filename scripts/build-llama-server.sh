@@ -75,7 +75,7 @@ nice -n 10 cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
   >"$WORK/configure.log" 2>&1 || { tail -40 "$WORK/configure.log" >&2; exit 1; }
-log "building llama-server with $JOBS jobs (about 12 minutes on 2 cores)"
+log "building llama-server with $JOBS jobs (7 to 10 minutes on 2 cores)"
 nice -n 10 cmake --build "$WORK/build" --target llama-server -j "$JOBS" \
   >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log" >&2; exit 1; }
 mkdir -p "$DEST"

@@ -1,7 +1,7 @@
 """The llama-server tier: the binary (found in the cache or built), models made now, servers by PID.
 
 `.ci/run` (CI=true) and `make test-real` must run this tier: with CI set, or STREAMWARDEN_BUILD_LLAMA=1,
-a missing binary is built before the first test (about 12 minutes on 2 cores; the build is not counted
+a missing binary is built before the first test (7 to 10 minutes on 2 cores; the build is not counted
 against any test's timeout), and a binary that cannot be had fails the tier. A local `make test`
 without the binary skips it with one line saying how to get it.
 """
@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for item in items if item not in mine]
     config.stash[_NOT_RUN] = (
         f"llama-server tier: {len(mine)} tests not run: llama-server is not built "
-        "(`make test-real` builds it, ~12 min on 2 cores, and runs them)"
+        "(`make test-real` builds it, 7-10 min on 2 cores, and runs them)"
     )
 
 
@@ -56,7 +56,7 @@ def llama_binary() -> Path:
         return path
     if _required():
         pytest.fail(f"llama-server is not at {path} and could not be built (scripts/build-llama-server.sh)")
-    pytest.skip("llama-server is not built: `make test-real` builds it (~12 min) and runs this tier")
+    pytest.skip("llama-server is not built: `make test-real` builds it (7-10 min) and runs this tier")
 
 
 @pytest.fixture(scope="session")
