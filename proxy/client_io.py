@@ -2,7 +2,8 @@
 
 aiohttp's `StreamResponse.write` waits on the transport's drain when the client's buffer is full,
 which gives backpressure for free: while it waits, the proxy stops reading the upstream. The wait is
-bounded by --client-stall-timeout, after which the client counts as gone (`client_stalled`).
+bounded by --client-stall-timeout, after which the client counts as gone (`ClientStalled`). A write
+that finds the socket closed raises `ConnectionError` (aiohttp's `ClientConnectionResetError`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import asyncio
 from collections.abc import Awaitable
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from .exchange import Exchange
+from .lifecycle import Lifecycle
 
 __all__ = ["ClientStalled", "ClientWriter"]
 
@@ -22,30 +25,36 @@ class ClientStalled(Exception):
 
 
 class ClientWriter:
-    def __init__(self, request: web.BaseRequest, response: web.StreamResponse, ex: Exchange, stall_timeout: float):
+    __slots__ = ("ex", "life", "request", "response", "stall_timeout")
+
+    def __init__(self, request: web.BaseRequest, ex: Exchange, life: Lifecycle, stall_timeout: float) -> None:
         self.request = request
-        self.response = response
         self.ex = ex
+        self.life = life
         self.stall_timeout = stall_timeout
+        self.response: web.StreamResponse | None = None
 
-    @property
-    def committed(self) -> bool:
-        return self.response.prepared
-
-    async def commit(self) -> None:
-        if not self.response.prepared:
-            self.ex.status = self.response.status
-            self.ex.committed = True
-            await self._guarded(self.response.prepare(self.request))
+    async def commit(self, response: web.StreamResponse) -> None:
+        """Send the status line and headers (once)."""
+        if self.response is None:
+            self.response = response
+            self.ex.status = response.status
+            self.life.committed_now()
+            await self._guarded(response.prepare(self.request))
 
     async def write(self, data: bytes) -> None:
-        if not self.response.prepared:
-            await self.commit()
+        response = self.response
+        assert response is not None, "commit first"
         if self._has_room(len(data)):
-            await self.response.write(data)  # cannot block: no timer needed on the hot path
+            await response.write(data)  # cannot block: no timer needed on the hot path
         else:
-            await self._guarded(self.response.write(data))
+            await self._guarded(response.write(data))
         self.ex.bytes_out += len(data)
+
+    def whole(self, status: int, body: bytes, headers: CIMultiDict[str] | dict[str, str]) -> web.Response:
+        """A whole response the proxy answers with instead of the upstream's (nothing was committed)."""
+        self.ex.status, self.ex.bytes_out = status, len(body)
+        return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
     def _has_room(self, size: int) -> bool:
         """The write cannot wait: writing is not paused and this write will not pause it.
@@ -68,8 +77,9 @@ class ClientWriter:
         except TimeoutError:
             raise ClientStalled from None
 
-    def abort(self) -> None:
+    def cut(self) -> web.StreamResponse:
         """Drop the client connection without another byte (no second HTTP response in the body)."""
         transport = self.request.transport
         if transport is not None:
             transport.abort()
+        return self.response or web.StreamResponse()

@@ -22,14 +22,7 @@ if TYPE_CHECKING:
 
     from .tracing import Tracing
 
-__all__ = ["Exchange", "Phase", "Recorder", "abort_phase"]
-
-
-class Phase:
-    RECEIVED = "received"
-    AWAITING_HEADERS = "awaiting_headers"
-    RESPONDING = "responding"
-    FINISHED = "finished"
+__all__ = ["Exchange", "Recorder", "abort_phase"]
 
 
 @dataclass(slots=True)
@@ -42,7 +35,7 @@ class Exchange:
     api: str
     client: str | None
     started: float = field(default_factory=time.monotonic)
-    phase: str = Phase.RECEIVED
+    phase: str = "received"  # the lifecycle's phase; once finished, the one its verdict was taken in
     model: str | None = None
     stream: bool = False
     status: int | None = None
@@ -57,22 +50,15 @@ class Exchange:
     completion_tokens: int | None = None
     upstream_cancelled: str | None = None  # cancellation reason, when the proxy cancelled the upstream
     rewrites: list[str] = field(default_factory=list)
-    committed: bool = False  # the client has received the status line
     drained: bool = False  # --on-abandon drain read the upstream to its end after the client left
     client_request_id: str | None = None  # a client's X-Request-Id that was not usable as given
     body_reserved: int = 0  # request-body bytes this exchange holds against --max-buffered-body-bytes
-    interrupt: str | None = None  # set by the server (e.g. "shutdown") just before it cancels the handler
     settled_at: float | None = None  # when the verdict was fixed: the moment of an abort, even if a drain follows
     gaps: TokenGaps | None = None  # content-event times of a stream, from its first forwarded content on
     response_model: str | None = None  # the model the upstream says answered
     finish_reasons: tuple[str, ...] = ()
+    booked: bool = False  # its metrics and log line are written
     span: Any = None  # the OpenTelemetry span, when tracing is on
-
-    def settle(self, outcome: str, reason: str) -> None:
-        """Fix the verdict; the first one stands (a later cleanup cannot overwrite it)."""
-        if self.outcome is None:
-            self.outcome, self.reason = outcome, reason
-            self.settled_at = time.monotonic()
 
     def record_usage(self, usage: Usage | None) -> None:
         """The upstream's own token counts (when it gave them), and which model answered and why it stopped."""
@@ -88,28 +74,16 @@ class Exchange:
             gaps = self.gaps = TokenGaps()
         gaps.note(now, events)
 
-    def cancelled(self, reason: str) -> None:
-        if self.upstream_cancelled is None:
-            self.upstream_cancelled = reason
-
-
-def _streamed(ex: Exchange) -> bool:
-    """The response is (or would have been) a stream: a stream was asked for and the upstream said 2xx.
-
-    `Exchange.stream` is the request's flag until an event stream arrives; a non-2xx answer to a
-    stream request is a whole body. (A 2xx JSON answer to a stream request counts as a stream here.)
-    """
-    return ex.stream and (ex.upstream_status is None or 200 <= ex.upstream_status < 300)
 
 
 def abort_phase(ex: Exchange) -> str:
-    """Where the client left, from the record: before any upstream answer, before a stream's first
-    content (held or committed), mid-stream, or during a whole response."""
-    if ex.phase in (Phase.RECEIVED, Phase.AWAITING_HEADERS) or ex.upstream_status is None:
-        return "before_headers"
-    if _streamed(ex):
+    """Where the client left, from the phase the lifecycle took its verdict in: before any upstream
+    answer, before a stream's first content (held or committed), mid-stream, or during a whole body."""
+    if ex.phase == "streaming":
         return "before_first_token" if ex.first_content_at is None else "mid_stream"
-    return "whole_body"
+    if ex.phase == "responding_whole":
+        return "whole_body"
+    return "before_headers"
 
 
 class Recorder:
@@ -135,14 +109,14 @@ class Recorder:
         """A connection-level refusal (bad HTTP, a header timeout, too many connections): one exchange."""
         ex = Exchange(uuid.uuid4().hex, "-", "-", "other", client)
         ex.status, ex.bytes_out = status, bytes_out
-        ex.settle("error", reason)
+        ex.outcome, ex.reason, ex.settled_at = "error", reason, time.monotonic()  # (no lifecycle: no request)
         self.start(ex)
         self.finish(ex)
 
     def finish(self, ex: Exchange) -> None:
-        if ex.phase == Phase.FINISHED:
+        if ex.booked:
             return
-        ex.phase = Phase.FINISHED
+        ex.booked = True
         m = self.metrics
         now = time.monotonic()
         model = m.models.label(ex.model)

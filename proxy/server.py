@@ -80,13 +80,14 @@ class Server:
         state.draining = True
         await self._sites[0].stop()  # stop accepting on the main port; admin keeps answering 503
         await self._until_idle_or_hurried(self.config.drain_timeout)
-        interrupted = state.interrupt_all("shutdown")
+        interrupted = state.interrupt_all()
         if interrupted:
             self.logger.info("shutdown", interrupted=interrupted)
             await self._until_idle_or_hurried(_FINAL_GRACE_SECONDS)
         if self._main is not None:
             await self._main.cleanup()
         await self._admin.cleanup()
+        await state.background.close()  # drains still reading write their books now
         await state.cancel_hooks.close()  # --cancel-hook calls still in flight use the session
         if state.session is not None:
             await state.session.close()

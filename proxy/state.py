@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from .background import Background
 from .body_budget import BodyBudget
 from .cancel_hooks import CancelHooks
 from .config import Config
 from .exchange import Exchange, Recorder
+from .interrupts import Interrupter
 from .metrics import Metrics
 
 __all__ = ["ProxyState"]
@@ -28,16 +30,17 @@ class ProxyState:
     upstream_authorization: str | None = None  # from credentials in --upstream, for clients that send none
     draining: bool = False
     body_budget: BodyBudget = field(init=False)
+    live: dict[Interrupter, Exchange] = field(default_factory=dict)
+    background: Background = field(default_factory=Background)  # tasks that outlive a handler (drains)
     cancel_hooks: CancelHooks = field(init=False)  # issue 12: --cancel-hook
-    live: dict[asyncio.Task[object], Exchange] = field(default_factory=dict)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def track(self, task: asyncio.Task[object], ex: Exchange) -> None:
-        self.live[task] = ex
+    def track(self, interrupter: Interrupter, ex: Exchange) -> None:
+        self.live[interrupter] = ex
         self.idle.clear()
 
-    def untrack(self, task: asyncio.Task[object]) -> None:
-        self.live.pop(task, None)
+    def untrack(self, interrupter: Interrupter) -> None:
+        self.live.pop(interrupter, None)
         if not self.live:
             self.idle.set()
 
@@ -47,11 +50,10 @@ class ProxyState:
         self.cancel_hooks = CancelHooks(self.config.cancel_hook, self.upstream_base, self.upstream_authorization,
                                         self.metrics, self.recorder.logger)  # fmt: skip
 
-    def interrupt_all(self, reason: str) -> int:
-        """Ask every exchange in flight to end with `reason` (e.g. shutdown); returns how many."""
-        for task, ex in list(self.live.items()):
-            ex.interrupt = reason
-            task.cancel()
+    def interrupt_all(self) -> int:
+        """Shutdown's drain time is over: every exchange in flight is interrupted; returns how many."""
+        for interrupter in list(self.live):
+            interrupter.fire()
         return len(self.live)
 
     @property

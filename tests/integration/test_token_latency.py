@@ -117,7 +117,7 @@ async def test_a_committed_stream_without_content_is_before_first_token(
 ) -> None:
     proxy = await make_proxy(hold_headers=0)
     line = await leave_when(http, proxy, "ph-committed", PATHS["chat_completions"],
-                            body_for("chat_completions", stream=True), lambda ex: ex.committed,
+                            body_for("chat_completions", stream=True), lambda ex: ex.status is not None,
                             {"x-fault": "stall;after=1;hold=60"})
     assert (line["abort_phase"], line["status"]) == ("before_first_token", 200)
 

@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.dialects import for_request
-from proxy.exchange import Exchange, Phase, abort_phase
+from proxy.exchange import Exchange, abort_phase
+from proxy.lifecycle import Lifecycle, Phase
 from proxy.guard import StreamGuard
 from proxy.latency import ITL_BUCKETS, GapHistogram, TokenGaps
 
@@ -94,11 +95,12 @@ def _ex(phase: str, *, stream: bool = False, status: int | None = None, content:
         (_ex(Phase.RECEIVED), "before_headers"),  # the client's body was still being read
         (_ex(Phase.RECEIVED, stream=True), "before_headers"),
         (_ex(Phase.AWAITING_HEADERS, stream=True), "before_headers"),
-        (_ex(Phase.RESPONDING, stream=True, status=200), "before_first_token"),  # held or committed
-        (_ex(Phase.RESPONDING, stream=True, status=200, content=True), "mid_stream"),
-        (_ex(Phase.RESPONDING, status=200), "whole_body"),
-        (_ex(Phase.RESPONDING, stream=True, status=429), "whole_body"),  # a stream request answered 429
-        (_ex(Phase.RESPONDING, status=500), "whole_body"),
+        (_ex(Phase.STREAMING, stream=True, status=200), "before_first_token"),  # held or committed
+        (_ex(Phase.STREAMING, stream=True, status=200, content=True), "mid_stream"),
+        (_ex(Phase.RESPONDING_WHOLE, status=200), "whole_body"),
+        (_ex(Phase.RESPONDING_WHOLE, stream=True, status=429), "whole_body"),  # a stream request answered 429
+        (_ex(Phase.RESPONDING_WHOLE, stream=True, status=200), "whole_body"),  # a JSON answer to a stream request
+        (_ex(Phase.RESPONDING_WHOLE, status=500), "whole_body"),
     ],
 )
 def test_abort_phase_from_the_record(ex: Exchange, phase: str) -> None:
@@ -106,12 +108,13 @@ def test_abort_phase_from_the_record(ex: Exchange, phase: str) -> None:
 
 
 def test_the_verdict_time_is_the_abort_time() -> None:
-    ex = _ex(Phase.RESPONDING)
-    ex.settle("aborted", "client_disconnect")
+    ex = _ex(Phase.RECEIVED)
+    life = Lifecycle(ex)
+    life.client_gone()
     first = ex.settled_at
     assert first is not None
-    ex.settle("error", "stream_cut")  # a later cleanup moves neither the verdict nor its time
-    assert (ex.outcome, ex.settled_at) == ("aborted", first)
+    assert life.bug() is None  # a later cleanup moves neither the verdict nor its time
+    assert (ex.outcome, ex.settled_at, ex.phase) == ("aborted", first, "received")
 
 
 def _chunk(text: str) -> bytes:
