@@ -10,9 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.dialects import for_request
 from proxy.exchange import Exchange, abort_phase
-from proxy.lifecycle import Lifecycle, Phase
 from proxy.guard import StreamGuard
 from proxy.latency import ITL_BUCKETS, GapHistogram, TokenGaps
+from proxy.lifecycle import Lifecycle, Phase
 
 
 def test_gaps_between_writes_and_zero_inside_one_write() -> None:
