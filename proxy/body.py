@@ -17,7 +17,8 @@ import orjson
 from proxy.dialects import Dialect, RequestInfo, Usage
 from proxy.dialects.base import reported, usage_from
 from proxy.dialects.chat import ABORT_REASON, ABORTED
-from proxy.dialects.errors import cut, describe_error, error_message, is_error_object, text_message
+from proxy.dialects.errors import ErrorCode, cut, describe_error, error_message, is_error_object, text_message
+from proxy.lifecycle import Reason, status_for
 
 __all__ = ["BodyVerdict", "judge_body"]
 
@@ -72,7 +73,8 @@ def _judge_success(dialect: Dialect, request: RequestInfo, content_type: str | N
             problem = "a null body"
         else:
             problem = "a body that is not a JSON object"
-        return _replace(dialect, 502, f"the upstream answered with {problem}", "invalid_upstream_body")
+        reason = Reason.INVALID_UPSTREAM_BODY
+        return _replace(dialect, status_for(reason), f"the upstream answered with {problem}", reason)
     if is_error_object(obj):
         info = describe_error(obj)
         return _replace(dialect, info.status, info.message, "upstream_error_frame", info.code)
@@ -85,7 +87,7 @@ def _judge_success(dialect: Dialect, request: RequestInfo, content_type: str | N
     if dialect.name == "completions":
         missing = _missing_choices(obj, request.prompts * request.n)
         if missing:
-            return _replace(dialect, 502, missing, "incomplete_batch")
+            return _replace(dialect, status_for(Reason.INCOMPLETE_BATCH), missing, Reason.INCOMPLETE_BATCH)
     return BodyVerdict("ok", "complete", None, reported(usage, *_described(obj)))
 
 
@@ -131,7 +133,7 @@ def _missing_choices(obj: dict[str, object], expected: int) -> str | None:
     return cut(f"the upstream returned {count} of {expected} choices; missing indices: {names}")
 
 
-def _replace(dialect: Dialect, status: int, message: str, reason: str, code: str | None = None) -> BodyVerdict:
+def _replace(dialect: Dialect, status: int, message: str, reason: str, code: ErrorCode | None = None) -> BodyVerdict:
     return BodyVerdict("error", reason, (status, dialect.error_body(status, message, code or reason)), None)
 
 
@@ -140,7 +142,7 @@ def _reshape_error(
 ) -> tuple[int, bytes] | None:
     """None when the error is already in the dialect's shape; else the same status, reshaped."""
     obj = _parse(content_type, body)
-    code: str | None = None
+    code: ErrorCode | None = None
     if isinstance(obj, dict):
         if dialect.own_error_shape(obj):
             return None

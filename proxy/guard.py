@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from proxy.dialects import Dialect, Kind, Usage
-from proxy.dialects.errors import describe_error, error_message
+from proxy.dialects.errors import ErrorCode, describe_error, error_message
+from proxy.lifecycle import Reason, status_for
 from proxy.sse import Event, EventTooLarge, SSEReader, StatusBlock
 
 __all__ = ["MAX_HELD", "Failure", "Step", "StreamGuard"]
@@ -22,11 +23,12 @@ __all__ = ["MAX_HELD", "Failure", "Step", "StreamGuard"]
 MAX_HELD = 1024 * 1024  # bytes held before the first content; the hold window ends early past it
 
 # Statuses and messages for failures the I/O layer detects (design section 10).
+# The failures the I/O layer reports, with their message; the status is the lifecycle's table's.
 _FAILURES = {
-    "stream_cut": (502, "the upstream stream ended before the response was complete"),
-    "stall_timeout": (504, "the upstream sent nothing for too long"),
-    "shutdown": (503, "the proxy is shutting down"),
-    "proxy_error": (500, "the proxy failed while relaying the stream"),  # a bug of ours; not a rewrite reason
+    Reason.STREAM_CUT: "the upstream stream ended before the response was complete",
+    Reason.STALL_TIMEOUT: "the upstream sent nothing for too long",
+    Reason.SHUTDOWN: "the proxy is shutting down",
+    Reason.PROXY_ERROR: "the proxy failed while relaying the stream",  # a bug of ours; not a rewrite reason
 }
 _EARLY_DONE = "the upstream ended the stream while a choice had no finish_reason (generation cut short)"
 # End-to-end headers of a stray status block worth keeping on a real status: the SDKs' retry hints.
@@ -159,8 +161,9 @@ class StreamGuard:
         if self._done:
             return Step()
         step, out = self._begin()
-        status, message = _FAILURES.get(reason, (502, "the upstream stream failed"))
-        return self._error(step, out, status, message, reason, None if reason == "proxy_error" else reason)
+        known = Reason(reason) if reason in _FAILURES else Reason.STREAM_CUT
+        message = _FAILURES[known]
+        return self._error(step, out, status_for(known), message, reason, None if reason == "proxy_error" else reason)
 
     def commit(self) -> Step:
         """The hold window expired: commit now and flush what was held."""
@@ -277,8 +280,8 @@ class StreamGuard:
         """The upstream is finished (EOF, or a `[DONE]` where another terminal was due)."""
         stream = self._stream
         if not stream.finished:
-            status, message = _FAILURES["stream_cut"]
-            return self._error(step, out, status, message, "stream_cut", "stream_cut")
+            message = _FAILURES[Reason.STREAM_CUT]
+            return self._error(step, out, status_for(Reason.STREAM_CUT), message, "stream_cut", "stream_cut")
         terminal = stream.terminal_frame()
         if terminal is not None:
             out.append(terminal)
@@ -293,7 +296,7 @@ class StreamGuard:
         message: str,
         reason: str,
         rewrite: str | None,
-        code: str | None = None,
+        code: ErrorCode | None = None,
         headers: dict[str, str] | None = None,
     ) -> Step:
         """End with the dialect's error: a frame after the commit, a real status before it."""
@@ -331,7 +334,7 @@ class StreamGuard:
         """An HTTP response written into the SSE body: dropped, reported with its status and message."""
         status = block.status if 400 <= block.status <= 599 else 502
         message: str | None = None
-        code: str | None = None
+        code: ErrorCode | None = None
         try:
             obj = orjson.loads(block.body)
         except orjson.JSONDecodeError:

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.errors import ErrorInfo, anthropic_error_body, describe_error, openai_error_body
+from proxy.dialects.errors import ErrorCode, ErrorInfo, anthropic_error_body, describe_error, openai_error_body
 from proxy.sse import Event
 
 __all__ = ["Dialect", "DialectStream", "Kind", "Usage", "reported", "usage_from"]
@@ -125,7 +125,7 @@ class DialectStream(ABC):
         raise NotImplementedError
 
     @abstractmethod
-    def error_frame(self, status: int, message: str, code: str | None = None) -> bytes:
+    def error_frame(self, status: int, message: str, code: ErrorCode | None = None) -> bytes:
         """The complete bytes that end this stream with an error the dialect's SDKs raise."""
 
     def error_tail(self) -> bytes:
@@ -175,7 +175,7 @@ class Dialect:
     anthropic: bool
     stream_factory: Callable[[], DialectStream]
 
-    def error_body(self, status: int, message: str, code: str | None = None) -> bytes:
+    def error_body(self, status: int, message: str, code: ErrorCode | None = None) -> bytes:
         """A whole-body JSON error in the dialect's shape, typed from the status."""
         if self.anthropic:
             return anthropic_error_body(status, message)

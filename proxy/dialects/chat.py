@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.dialects.base import DialectStream, Kind, usage_from
-from proxy.dialects.errors import ErrorInfo, describe_error, dumps, is_error_object, openai_error
+from proxy.dialects.errors import ErrorCode, ErrorInfo, describe_error, dumps, is_error_object, openai_error
 from proxy.sse import Event
 
 __all__ = ["ABORTED", "ABORT_REASON", "DONE_FRAME", "ChatStream"]
@@ -89,7 +89,7 @@ class ChatStream(DialectStream):
                 content = True
         return Kind.CONTENT if content else Kind.PASS
 
-    def error_frame(self, status: int, message: str, code: str | None = None) -> bytes:
+    def error_frame(self, status: int, message: str, code: ErrorCode | None = None) -> bytes:
         error = dumps({"error": openai_error(status, message, code)})
         return b"data: " + error + b"\n\n" + DONE_FRAME
 

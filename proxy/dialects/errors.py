@@ -15,6 +15,7 @@ import orjson
 
 __all__ = [
     "MAX_MESSAGE",
+    "ErrorCode",
     "ErrorInfo",
     "anthropic_error_body",
     "anthropic_type",
@@ -31,6 +32,9 @@ __all__ = [
 ]
 
 MAX_MESSAGE = 500
+# An upstream's own error code, carried over as it gave it: a string (`context_length_exceeded`) or a
+# number (vLLM, SGLang and llama.cpp put the HTTP status there). Clients branch on it.
+ErrorCode = str | int
 
 # Error type names whose status is unambiguous (the inverse of the tables below, plus Responses codes).
 _TYPE_STATUS = {
@@ -58,7 +62,7 @@ class ErrorInfo:
 
     status: int  # a valid 4xx/5xx, else 502
     message: str
-    code: str | None  # the upstream's own string code, when it gave one
+    code: ErrorCode | None  # the upstream's own code, when it gave one
 
 
 def openai_type(status: int) -> str:
@@ -122,11 +126,11 @@ def dumps(obj: object) -> bytes:
     return orjson.dumps(obj)
 
 
-def openai_error(status: int, message: str, code: str | None) -> dict[str, object]:
+def openai_error(status: int, message: str, code: ErrorCode | None) -> dict[str, object]:
     return {"message": cut(message), "type": openai_type(status), "param": None, "code": code}
 
 
-def openai_error_body(status: int, message: str, code: str | None = None) -> bytes:
+def openai_error_body(status: int, message: str, code: ErrorCode | None = None) -> bytes:
     return dumps({"error": openai_error(status, message, code)})
 
 
@@ -190,10 +194,10 @@ def describe_error(obj: dict[str, object]) -> ErrorInfo:
     err = obj.get("error")
     sources: tuple[dict[str, object], ...] = (err, obj) if isinstance(err, dict) else (obj,)
     message = error_message(obj)
-    code: str | None = None
+    code: ErrorCode | None = None
     for source in sources:
         value = source.get("code")
-        if isinstance(value, str) and value and not value.isdigit():
+        if (isinstance(value, str) and value) or (type(value) is int):
             code = value
             break
     status = _find_status(sources)

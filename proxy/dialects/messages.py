@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.dialects.base import DialectStream, Kind, Usage, usage_from
-from proxy.dialects.errors import anthropic_error_body, describe_error, is_error_object
+from proxy.dialects.errors import ErrorCode, anthropic_error_body, describe_error, is_error_object
 from proxy.sse import Event
 
 __all__ = ["MESSAGE_STOP_FRAME", "MessagesStream"]
@@ -87,7 +87,7 @@ class MessagesStream(DialectStream):
             completion = self.usage.completion_tokens
         self.usage = Usage(self._prompt, completion)
 
-    def error_frame(self, status: int, message: str, code: str | None = None) -> bytes:
+    def error_frame(self, status: int, message: str, code: ErrorCode | None = None) -> bytes:
         return b"event: error\ndata: " + anthropic_error_body(status, message) + b"\n\n"
 
     def terminal_frame(self) -> bytes | None:

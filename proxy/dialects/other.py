@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 
 from proxy.dialects.base import DialectStream, Kind
-from proxy.dialects.errors import ErrorInfo, cut, describe_error, dumps, openai_error
+from proxy.dialects.errors import ErrorCode, ErrorInfo, cut, describe_error, dumps, openai_error
 from proxy.sse import Event
 
 __all__ = ["OtherStream"]
@@ -45,5 +45,5 @@ class OtherStream(DialectStream):
                 return Kind.ERROR
         return Kind.CONTENT
 
-    def error_frame(self, status: int, message: str, code: str | None = None) -> bytes:
+    def error_frame(self, status: int, message: str, code: ErrorCode | None = None) -> bytes:
         return b"event: error\ndata: " + dumps({"error": openai_error(status, message, code)}) + b"\n\n"

@@ -12,6 +12,7 @@ from typing import Any
 
 from proxy.dialects.base import DialectStream, Kind, usage_from
 from proxy.dialects.errors import (
+    ErrorCode,
     ErrorInfo,
     cut,
     describe_error,
@@ -44,9 +45,13 @@ class ResponsesStream(DialectStream):
         return False  # only a terminal event finishes a response, and it ends the stream itself
 
     def classify_object(self, event: Event, obj: dict[str, Any]) -> Kind:
+        kind = self._classify(event, obj)
         seq = obj.get("sequence_number")
-        if type(seq) is int and seq > self._seq:
-            self._seq = seq
+        if kind is not Kind.FOREIGN and type(seq) is int and seq > self._seq:
+            self._seq = seq  # (a foreign event is rebuilt, not passed: the rebuilt one takes the next number)
+        return kind
+
+    def _classify(self, event: Event, obj: dict[str, Any]) -> Kind:
         kind = obj.get("type") or event.event
         if isinstance(kind, str) and kind.startswith("response."):
             if kind.endswith(".delta"):
@@ -133,7 +138,7 @@ class ResponsesStream(DialectStream):
         body = {"type": "response.failed", "sequence_number": self._next_seq(), "response": response}
         return b"event: response.failed\ndata: " + dumps(body) + b"\n\n"
 
-    def _error_event(self, status: int, message: str, code: str | None) -> bytes:
+    def _error_event(self, status: int, message: str, code: ErrorCode | None) -> bytes:
         code = code or responses_code(status)
         message = cut(message)
         body = {
@@ -146,7 +151,7 @@ class ResponsesStream(DialectStream):
         }
         return b"event: error\ndata: " + dumps(body) + b"\n\n"
 
-    def error_frame(self, status: int, message: str, code: str | None = None) -> bytes:
+    def error_frame(self, status: int, message: str, code: ErrorCode | None = None) -> bytes:
         return self._failed_event(status, message) + self._error_event(status, message, code)
 
     def error_tail(self) -> bytes:

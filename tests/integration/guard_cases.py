@@ -43,7 +43,7 @@ EVENT_LIMIT = 16384  # the --max-event-size the oversized cases run with
 OVERSIZED_MESSAGE = f"an upstream event exceeded the proxy's limit of {EVENT_LIMIT} bytes"
 
 
-def error_body(dialect: str, status: int, message: str, code: str) -> dict[str, Any]:
+def error_body(dialect: str, status: int, message: str, code: str | int) -> dict[str, Any]:
     """The whole-body JSON error of the dialect (design section 4)."""
     if dialect == "messages":
         return {"type": "error", "error": {"type": ANTHROPIC_TYPE[status], "message": message}}

@@ -191,7 +191,7 @@ class Case:
     passed: Callable[[str], int]  # how many healthy frames precede the failure
     status: int
     message: str
-    code: str
+    code: str | int  # the error code the client sees: the upstream's own when it gave one, else the reason
     reason: str
     rewrite: str | None
     config: dict[str, Any] = field(default_factory=dict)
@@ -222,7 +222,7 @@ def _all_but_terminal(d: str) -> int:
 
 # Failures after the first content event: the 200 is out, so they end the stream with an error frame.
 IN_STREAM = {
-    "stray_503": Case("stray_503;after={next}", ALL, _first, 503, STRAY_MESSAGE, "stray_http_block",
+    "stray_503": Case("stray_503;after={next}", ALL, _first, 503, STRAY_MESSAGE, 503,  # the upstream's own code
                       "stray_http_block", "stray_http_block"),
     "cut": Case("cut", ALL, _two, 502, CUT_MESSAGE, "stream_cut", "stream_cut", "stream_cut"),
     "cut_eof": Case("cut;eof=1", ALL, _two, 502, CUT_MESSAGE, "stream_cut", "stream_cut", "stream_cut"),
@@ -234,10 +234,10 @@ IN_STREAM = {
     "no_terminal": Case("no_terminal", ("responses",), _all_but_terminal, 502, CUT_MESSAGE, "stream_cut", "stream_cut",
                         "stream_cut"),
     "error_object_foreign": Case("error_object_foreign", CHAT_LIKE, _first, 400, FAKE_MESSAGE,
-                                 "upstream_error_frame", "upstream_error_frame", "foreign_error_frame"),
+                                 400, "upstream_error_frame", "foreign_error_frame"),
     "error_string": Case("error_string", CHAT_LIKE, _first, 502, FAKE_MESSAGE, "upstream_error_frame",
                          "upstream_error_frame", "foreign_error_frame"),
-    "error_field": Case("error_field", CHAT_LIKE, _first, 500, FAKE_MESSAGE, "upstream_error_frame",
+    "error_field": Case("error_field", CHAT_LIKE, _first, 500, FAKE_MESSAGE, 500,
                         "upstream_error_frame", "foreign_error_frame"),
     "done_without_finish": Case("done_without_finish", CHAT_LIKE, _all_content, 502, EARLY_DONE_MESSAGE,
                                 "stream_cut", "stream_cut", "stream_cut"),
@@ -245,7 +245,7 @@ IN_STREAM = {
 
 # Failures before any content: a real status while the headers are held, a frame after the preamble without.
 BEFORE_CONTENT = {
-    "stray_503": Case("stray_503;after={pre}", ALL, _pre, 503, STRAY_MESSAGE, "stray_http_block",
+    "stray_503": Case("stray_503;after={pre}", ALL, _pre, 503, STRAY_MESSAGE, 503,
                       "stray_http_block", "stray_http_block"),
     "cut": Case("cut;after={pre}", ALL, _pre, 502, CUT_MESSAGE, "stream_cut", "stream_cut", "stream_cut"),
     "reset": Case("reset;after={pre}", ALL, _pre, 502, CUT_MESSAGE, "stream_cut", "stream_cut", "stream_cut"),
@@ -445,7 +445,7 @@ async def test_retried_request_after_late_commit_streams_normally(
     second = await call(http, proxy.url, dialect, rid + "-2", fault)
     assert first.status == 503
     assert first.headers["Retry-After"] == "1"
-    assert orjson.loads(first.body) == error_body(dialect, 503, STRAY_MESSAGE, "stray_http_block")
+    assert orjson.loads(first.body) == error_body(dialect, 503, STRAY_MESSAGE, 503)  # the upstream's own code
     assert second.status == 200
     check_framing(dialect, second.frames)
     terminal = {"responses": "response.completed", "messages": "message_stop"}.get(dialect)

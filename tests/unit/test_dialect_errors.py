@@ -46,14 +46,14 @@ def test_type_by_status(status: int, openai: str, anthropic: str, responses: str
 @pytest.mark.parametrize(
     ("obj", "expected"),
     [
-        ({"error": {"message": "m", "type": "BadRequestError", "code": 400}}, ErrorInfo(400, "m", None)),
-        ({"error": {"message": "m", "code": "400"}}, ErrorInfo(400, "m", None)),
-        ({"error": {"message": "m", "code": 200}}, ErrorInfo(502, "m", None)),
-        ({"error": {"message": "m", "code": 1000}}, ErrorInfo(502, "m", None)),
+        ({"error": {"message": "m", "type": "BadRequestError", "code": 400}}, ErrorInfo(400, "m", 400)),
+        ({"error": {"message": "m", "code": "400"}}, ErrorInfo(400, "m", "400")),
+        ({"error": {"message": "m", "code": 200}}, ErrorInfo(502, "m", 200)),  # the code carried, not the status
+        ({"error": {"message": "m", "code": 1000}}, ErrorInfo(502, "m", 1000)),
         ({"error": {"message": "m", "code": True}}, ErrorInfo(502, "m", None)),
         ({"error": {"message": "m", "http_status_code": 424}}, ErrorInfo(424, "m", None)),
         ({"error": {"message": "m", "code": "bad_thing"}, "status": 503}, ErrorInfo(503, "m", "bad_thing")),
-        ({"object": "error", "message": "m", "code": 429}, ErrorInfo(429, "m", None)),
+        ({"object": "error", "message": "m", "code": 429}, ErrorInfo(429, "m", 429)),
         ({"error": "m", "error_type": "overloaded"}, ErrorInfo(502, "m", None)),
         ({"type": "error", "error": {"type": "not_found_error", "message": "m"}}, ErrorInfo(404, "m", None)),
         ({"type": "error", "error": {"type": "overloaded_error", "message": "m"}}, ErrorInfo(529, "m", None)),

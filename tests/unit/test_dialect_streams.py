@@ -117,15 +117,15 @@ def test_chat_usage_takes_the_last_one() -> None:
 @pytest.mark.parametrize(
     ("obj", "status", "code"),
     [  # vLLM >= 0.10.1, vLLM < 0.10.1 / SGLang, llama.cpp, TGI, LMDeploy
-        ({"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}}, 400, None),
-        ({"error": {"object": "error", "message": "bad", "code": 503}}, 503, None),
-        ({"error": {"code": 500, "message": "bad", "type": "server_error"}}, 500, None),
+        ({"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}}, 400, 400),
+        ({"error": {"object": "error", "message": "bad", "code": 503}}, 503, 503),
+        ({"error": {"code": 500, "message": "bad", "type": "server_error"}}, 500, 500),
         ({"error": {"message": "bad", "http_status_code": 422}}, 422, None),
         ({"error": {"message": "bad", "type": "x", "code": "engine_dead", "object": "error"}}, 502, "engine_dead"),
         ({"error": {"message": "bad", "type": "rate_limit_error"}}, 429, None),
     ],
 )
-def test_chat_native_errors(obj: dict[str, Any], status: int, code: str | None) -> None:
+def test_chat_native_errors(obj: dict[str, Any], status: int, code: str | int | None) -> None:
     s = stream("chat_completions")
     assert s.classify(ev(obj)) is Kind.ERROR
     assert s.error is not None
@@ -222,6 +222,26 @@ def test_responses_error_frame_continues_the_response() -> None:
     assert error["error"]["type"] == "rate_limit_error"
 
 
+@pytest.mark.parametrize(
+    "upstream_error",
+    [
+        {"type": "error", "sequence_number": 5, "code": "ERR", "message": "bad", "param": None},
+        {"type": "error", "sequence_number": 5, "error": {"type": "server_error", "code": "ERR", "message": "bad"}},
+    ],
+    ids=["flat", "nested"],
+)
+def test_responses_rebuilt_error_takes_the_next_sequence_numbers(upstream_error: dict[str, Any]) -> None:
+    """The upstream's own `error` (seq 5) is rebuilt, not passed: the proxy's pair is 5 and 6, not 6 and 7."""
+    s = stream("responses")
+    s.classify(named(CREATED))
+    s.classify(named({"type": "response.output_text.delta", "sequence_number": 4, "delta": "x"}))
+    assert s.classify(named(upstream_error)) is Kind.FOREIGN
+    assert s.error is not None
+    failed, error = _frames(s.error_frame(s.error.status, s.error.message, s.error.code))
+    assert (failed["sequence_number"], error["sequence_number"]) == (5, 6)
+    assert error["code"] == "ERR"  # the upstream's own code, carried over
+
+
 @pytest.mark.parametrize(("status", "code"), [(400, "invalid_prompt"), (502, "server_error"), (504, "server_error")])
 def test_responses_failed_code_per_status(status: int, code: str) -> None:
     failed, error = _frames(stream("responses").error_frame(status, "m", "stream_cut"))
@@ -265,7 +285,7 @@ def test_responses_upstream_nested_error_is_rebuilt_as_the_pair() -> None:
     assert s.error is not None
     failed, error = _frames(s.error_frame(s.error.status, s.error.message, s.error.code))
     assert (failed["type"], error["type"]) == ("response.failed", "error")
-    assert (failed["sequence_number"], error["sequence_number"]) == (3, 4)
+    assert (failed["sequence_number"], error["sequence_number"]) == (1, 2)  # next after the last one passed
     assert failed["response"]["id"] == "resp_9"
     assert error["message"] == error["error"]["message"] == "Too Many"
 

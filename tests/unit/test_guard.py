@@ -536,7 +536,7 @@ def test_responses_nested_error_becomes_failed_then_error() -> None:
     result = run("responses", RESPONSES_BODY + err)
     events = openai_events(result.output[len(RESPONSES_BODY) :])
     assert [event for event, _ in events] == ["response.failed", "error"]
-    assert [body["sequence_number"] for _, body in events] == [7, 8]
+    assert [body["sequence_number"] for _, body in events] == [6, 7]  # the dropped upstream error's 6 is reused
     assert events[1][1]["code"] == events[1][1]["error"]["code"] == "x"
     assert result.rewrites == ("foreign_error_frame",)
 
