@@ -42,6 +42,7 @@ class Server:
         self._sites: list[web.TCPSite] = []
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
+        self._shut_down = False
 
     @property
     def logger(self) -> Any:
@@ -76,6 +77,9 @@ class Server:
         self._stop.set()
 
     async def shutdown(self) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
         state = self.state
         state.draining = True
         await self._sites[0].stop()  # stop accepting on the main port; admin keeps answering 503
