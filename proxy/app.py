@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from .admin import build_admin_app
+from .books import Books
 from .config import Config
 from .connections import ConnectionRules, ProxyServer
-from .exchange import Recorder
 from .forward import make_handler
 from .logs import make_logger
 from .metrics import Metrics
@@ -62,7 +62,7 @@ def open_tracing(config: Config) -> Tracing | None:
 def build_state(config: Config, *, metrics: Metrics | None = None, logger: Any = None) -> ProxyState:
     metrics = metrics or Metrics(config.model_label_limit)
     logger = logger or make_logger(config.log_format, config.log_level)
-    return ProxyState(config=config, metrics=metrics, recorder=Recorder(metrics, logger, open_tracing(config)))
+    return ProxyState(config=config, metrics=metrics, books=Books(metrics, logger, open_tracing(config)))
 
 
 def build_main_server(state: ProxyState, max_connections: int | None = None) -> ProxyServer:
@@ -76,7 +76,7 @@ def build_main_server(state: ProxyState, max_connections: int | None = None) -> 
     return ProxyServer(
         make_handler(state),
         rules=rules,
-        recorder=state.recorder,
+        books=state.books,
         handler_cancellation=True,  # a client that leaves cancels its handler, which cancels the upstream
         access_log=None,
         keepalive_timeout=cfg.client_keepalive_timeout,

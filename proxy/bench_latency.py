@@ -1,9 +1,9 @@
 """`streamwarden bench`'s micro-benchmark of the token latency books (issue 13: under 1 µs per event).
 
 What a content event costs the proxy for the inter-token latency and time-per-output-token
-histograms: the clock read and `Exchange.note_content` in the stream loop, plus, once per ok stream, the recorder's
-merge into the ITL histogram and the TPOT observation, spread over the stream's events. Measured in
-this process with `time.perf_counter_ns` over many streams; prometheus_client's own `observe()` per
+histograms: the clock read and `ExchangeRecord.note_content` in the stream loop, plus, once per ok
+stream, the books' merge into the ITL histogram and the TPOT observation, spread over the stream's
+events. Measured in this process with `time.perf_counter_ns` over many streams; prometheus_client's own `observe()` per
 event is measured beside it for scale. A figure, not a test: the suite only checks that it runs.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from .exchange import Exchange, Recorder
+from .books import Books, ExchangeRecord
 from .latency import ITL_BUCKETS
 from .metrics import Metrics
 
@@ -38,13 +38,13 @@ def measure_latency_cost(streams: int = 2_000, tokens: int = 200) -> LatencyCost
     """Best of three rounds of `streams` ok streams of `tokens` content events each."""
     clock = time.monotonic
     metrics = Metrics(registry=CollectorRegistry())
-    recorder = Recorder(metrics, _Quiet())
+    recorder = Books(metrics, _Quiet())
     per_event, note_only, observed = [], [], []
     histogram = Histogram("bench_itl_seconds", "", buckets=ITL_BUCKETS, registry=CollectorRegistry())
     for _ in range(3):
         total = notes = 0
         for _ in range(streams):
-            ex = Exchange("bench", "POST", "/v1/chat/completions", "chat_completions", None)
+            ex = ExchangeRecord("bench", "POST", "/v1/chat/completions", "chat_completions", None)
             start = time.perf_counter_ns()
             for _ in range(tokens):
                 ex.note_content(clock(), 1)  # the stream loop's line: read the clock, note the event

@@ -16,9 +16,9 @@ import aiohttp
 from aiohttp import web
 
 from .body import judge_body
+from .books import ExchangeRecord
 from .client_io import ClientWriter
 from .dialects import Dialect, RequestInfo
-from .exchange import Exchange
 from .failures import READ_ERRORS, body_failure
 from .headers import response_headers
 from .lifecycle import Lifecycle, Reason
@@ -72,7 +72,7 @@ async def respond_whole(
     upstream: aiohttp.ClientResponse,
     out: ClientWriter,
     life: Lifecycle,
-    ex: Exchange,
+    ex: ExchangeRecord,
     dialect: Dialect,
     info: RequestInfo,
     *,
@@ -100,7 +100,7 @@ async def _copy_through(
     upstream: aiohttp.ClientResponse,
     out: ClientWriter,
     life: Lifecycle,
-    ex: Exchange,
+    ex: ExchangeRecord,
     head: bytes,
     verdict: Reason,
     idle: float,

@@ -29,7 +29,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from .exchange import Exchange
+from .books import ExchangeRecord
 from .metrics import CANCEL_HOOK_FAILURE_REASONS, Metrics
 
 __all__ = [
@@ -150,7 +150,9 @@ class CancelHooks:
         self._logger = logger
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def fire(self, ex: Exchange, request_headers: Mapping[str, str], session: aiohttp.ClientSession | None) -> None:
+    def fire(
+        self, ex: ExchangeRecord, request_headers: Mapping[str, str], session: aiohttp.ClientSession | None
+    ) -> None:
         """Start the hooks for `ex` if the proxy cancelled its upstream request; never blocks."""
         if not self.hooks or ex.upstream_cancelled not in _FOLLOWED or ex.drained or session is None:
             return
@@ -168,7 +170,12 @@ class CancelHooks:
             task.add_done_callback(self._tasks.discard)
 
     async def _call(
-        self, session: aiohttp.ClientSession, hook: CancelHook, call: HookCall, ex: Exchange, headers: dict[str, str]
+        self,
+        session: aiohttp.ClientSession,
+        hook: CancelHook,
+        call: HookCall,
+        ex: ExchangeRecord,
+        headers: dict[str, str],
     ) -> None:
         self._metrics.cancellations.labels(api=ex.api, reason="cancel_hook").inc()
         failure: str | None = None

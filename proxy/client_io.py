@@ -14,7 +14,7 @@ from collections.abc import Awaitable
 from aiohttp import web
 from multidict import CIMultiDict
 
-from .exchange import Exchange
+from .books import ExchangeRecord
 from .lifecycle import Lifecycle
 
 __all__ = ["ClientStalled", "ClientWriter"]
@@ -27,7 +27,7 @@ class ClientStalled(Exception):
 class ClientWriter:
     __slots__ = ("ex", "life", "request", "response", "stall_timeout")
 
-    def __init__(self, request: web.BaseRequest, ex: Exchange, life: Lifecycle, stall_timeout: float) -> None:
+    def __init__(self, request: web.BaseRequest, ex: ExchangeRecord, life: Lifecycle, stall_timeout: float) -> None:
         self.request = request
         self.ex = ex
         self.life = life

@@ -12,7 +12,7 @@ traceback on stderr. This layer adds what nginx does by default:
 - a request the HTTP parser rejects gets a JSON 400 and is logged and counted (`bad_request`).
 
 Each refusal is written straight to the socket (no request is in progress on it, so no response
-can be interleaved), counted and logged by the recorder like any other exchange.
+can be interleaved), counted and logged by the books like any other exchange.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 
+from .books import Books
 from .dialects import DIALECTS
-from .exchange import Recorder
 from .http_head import HeadScanner, HeadTooLarge
 
 __all__ = ["ClientConnection", "ConnectionRules", "ProxyServer"]
@@ -51,12 +51,12 @@ class ProxyServer(web.Server):
         handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
         *,
         rules: ConnectionRules,
-        recorder: Recorder,
+        books: Books,
         **kwargs: Any,
     ) -> None:
         super().__init__(handler, **kwargs)
         self.rules = rules
-        self.recorder = recorder
+        self.books = books
         self.open_connections = 0
         self._handler_kwargs = kwargs
 
@@ -127,7 +127,7 @@ class ClientConnection(web.RequestHandler):
         if status == 431:
             text = f"a request line or header exceeds {self._server.rules.max_header_size} bytes"
         body = _OTHER.error_body(status, text, reason)
-        self._server.recorder.record_refusal(status, reason, len(body), client=_peer(self))
+        self._server.books.record_refusal(status, reason, len(body), client=_peer(self))
         response = web.Response(status=status, body=body, content_type="application/json")
         response.force_close()  # the connection closes once this is written
         return response
@@ -169,7 +169,7 @@ class ClientConnection(web.RequestHandler):
             if status == 503:
                 head += "Retry-After: 1\r\n"
             transport.write(head.encode() + b"\r\n" + body)
-        self._server.recorder.record_refusal(status, reason, len(body), client=_peer(self))
+        self._server.books.record_refusal(status, reason, len(body), client=_peer(self))
         self.force_close()
 
 

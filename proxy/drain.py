@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from .body import judge_body
+from .books import ExchangeRecord
 from .dialects import Dialect, RequestInfo
-from .exchange import Exchange
 from .failures import READ_ERRORS
 from .guard import StreamGuard
 from .stream_io import count_stream, is_stream
@@ -26,7 +26,7 @@ __all__ = ["drain"]
 
 async def drain(
     answer: Awaitable[aiohttp.ClientResponse],
-    ex: Exchange,
+    ex: ExchangeRecord,
     dialect: Dialect,
     info: RequestInfo,
     *,

@@ -19,11 +19,11 @@ import aiohttp
 from aiohttp import web
 
 from .body_io import respond_whole
+from .books import ExchangeRecord
 from .client_io import ClientStalled, ClientWriter
 from .connections import ClientConnection
 from .dialects import Dialect, RequestInfo, for_request, inspect_request
 from .drain import drain
-from .exchange import Exchange
 from .failures import Refusal, UpstreamFailure, request_failure
 from .guard import StreamGuard
 from .interrupts import Interrupted, Interrupter
@@ -64,7 +64,7 @@ def make_handler(state: ProxyState) -> Callable[[web.BaseRequest], Awaitable[web
 class _Flight:
     """What one exchange holds while it runs: its upstream request and answer, its stream guard."""
 
-    ex: Exchange
+    ex: ExchangeRecord
     life: Lifecycle
     dialect: Dialect
     out: ClientWriter
@@ -81,12 +81,12 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
     dialect = for_request(request.method, request.path)
     sent_id = request.headers.get(_REQUEST_ID)
     request_id = sent_id if sent_id is not None and client_request_id(sent_id) else uuid.uuid4().hex
-    ex = Exchange(request_id, request.method, request.path, dialect.name, request.remote)
+    ex = ExchangeRecord(request_id, request.method, request.path, dialect.name, request.remote)
     if sent_id is not None and sent_id != request_id:
         ex.client_request_id = sent_id  # logged escaped and cut; never echoed or sent upstream
     life = Lifecycle(ex, drain_on_abandon=cfg.on_abandon == "drain")
     flight = _Flight(ex, life, dialect, ClientWriter(request, ex, life, cfg.client_stall_timeout), Interrupter())
-    state.recorder.start(ex, request.headers)
+    state.books.start(ex, request.headers)
     state.track(flight.interrupter, ex)
     try:
         if state.draining:
@@ -112,7 +112,7 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
         raise
     except Exception:
         answer = life.bug()
-        state.recorder.logger.exception("proxy_error", request_id=ex.request_id)
+        state.books.logger.exception("proxy_error", request_id=ex.request_id)
         return await _tell_bug(flight, answer)
     finally:
         state.body_budget.give_back(ex.body_reserved)
@@ -120,7 +120,7 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
         if not flight.handed_over:  # (else the drain task does this when it is done)
             _release_upstream(flight)
             state.untrack(flight.interrupter)
-            state.recorder.finish(ex)
+            state.books.finish(ex)
             state.cancel_hooks.fire(ex, request.headers, state.session)  # --cancel-hook: after a cancelled upstream
 
 
@@ -227,7 +227,7 @@ def _hand_over_to_drain(state: ProxyState, flight: _Flight) -> None:
 
     def finish() -> None:
         state.untrack(flight.interrupter)
-        state.recorder.finish(ex)
+        state.books.finish(ex)
 
     flight.handed_over = True
     state.background.spawn(drain(

@@ -4,7 +4,7 @@ Sans-IO. The stream loop tells a `TokenGaps` when it forwards content-bearing ev
 time and how many events went out in that write); the gaps land in a small per-exchange bucket array,
 never in a Prometheus histogram directly, because only `ok` streams may feed the latency histograms
 (OpenTelemetry defines them for successful responses) and the outcome is known only at the end. The
-recorder then merges the array of an `ok` stream into `GapHistogram` in one step: per event, the cost
+books then merge the array of an `ok` stream into `GapHistogram` in one step: per event, the cost
 is one subtraction, one bisect and two additions.
 
 Events forwarded in the same write have a gap of 0 (they reached the client together). So the

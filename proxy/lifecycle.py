@@ -39,7 +39,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .exchange import Exchange
+    from .books import ExchangeRecord
 
 __all__ = [
     "CANCELLATION_REASONS",
@@ -193,7 +193,7 @@ class Lifecycle:
 
     __slots__ = ("_record", "committed", "drain_on_abandon", "ended", "ended_in", "phase")
 
-    def __init__(self, record: Exchange, *, drain_on_abandon: bool = False) -> None:
+    def __init__(self, record: ExchangeRecord, *, drain_on_abandon: bool = False) -> None:
         self._record = record
         self.phase = Phase.RECEIVED
         self.ended_in: Phase | None = None  # the phase the verdict was taken in

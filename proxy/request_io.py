@@ -14,9 +14,9 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from .body_budget import BodyBudget
+from .books import ExchangeRecord
 from .config import Config
 from .dialects import Dialect
-from .exchange import Exchange
 from .failures import Refusal
 from .headers import request_headers
 from .lifecycle import Reason
@@ -31,7 +31,7 @@ INFLATE_LIMIT = 8 * 1024 * 1024
 _OVERLOADED = "the proxy is holding too many request bodies; retry later"
 
 
-async def read_body(request: web.BaseRequest, cfg: Config, budget: BodyBudget, ex: Exchange) -> bytes:
+async def read_body(request: web.BaseRequest, cfg: Config, budget: BodyBudget, ex: ExchangeRecord) -> bytes:
     limit, announced = cfg.max_body_size, request.content_length
     if announced is not None and announced > limit:
         raise Refusal(Reason.BODY_TOO_LARGE, f"request body of {announced} bytes exceeds the limit of {limit} bytes")
@@ -72,7 +72,9 @@ def upstream_url(request: web.BaseRequest, state: ProxyState) -> URL:
     return URL(state.upstream_base + target, encoded=True)
 
 
-def upstream_headers(request: web.BaseRequest, state: ProxyState, dialect: Dialect, ex: Exchange) -> CIMultiDict[str]:
+def upstream_headers(
+    request: web.BaseRequest, state: ProxyState, dialect: Dialect, ex: ExchangeRecord
+) -> CIMultiDict[str]:
     headers = request_headers(
         request.headers,
         client_ip=request.remote,
@@ -86,5 +88,5 @@ def upstream_headers(request: web.BaseRequest, state: ProxyState, dialect: Diale
         headers.popall("Accept-Encoding", None)
     if state.upstream_authorization and "Authorization" not in headers:
         headers["Authorization"] = state.upstream_authorization
-    state.recorder.propagate(ex, headers)  # the proxy's span context goes upstream
+    state.books.propagate(ex, headers)  # the proxy's span context goes upstream
     return headers

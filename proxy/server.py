@@ -46,7 +46,7 @@ class Server:
 
     @property
     def logger(self) -> Any:
-        return self.state.recorder.logger
+        return self.state.books.logger
 
     async def start(self) -> None:
         cfg = self.config

@@ -9,9 +9,9 @@ import aiohttp
 
 from .background import Background
 from .body_budget import BodyBudget
+from .books import Books, ExchangeRecord
 from .cancel_hooks import CancelHooks
 from .config import Config
-from .exchange import Exchange, Recorder
 from .interrupts import Interrupter
 from .metrics import Metrics
 
@@ -24,18 +24,18 @@ class ProxyState:
 
     config: Config
     metrics: Metrics
-    recorder: Recorder
+    books: Books
     session: aiohttp.ClientSession | None = None
     upstream_base: str = ""  # the upstream URL without credentials
     upstream_authorization: str | None = None  # from credentials in --upstream, for clients that send none
     draining: bool = False
     body_budget: BodyBudget = field(init=False)
-    live: dict[Interrupter, Exchange] = field(default_factory=dict)
+    live: dict[Interrupter, ExchangeRecord] = field(default_factory=dict)
     background: Background = field(default_factory=Background)  # tasks that outlive a handler (drains)
     cancel_hooks: CancelHooks = field(init=False)  # issue 12: --cancel-hook
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def track(self, interrupter: Interrupter, ex: Exchange) -> None:
+    def track(self, interrupter: Interrupter, ex: ExchangeRecord) -> None:
         self.live[interrupter] = ex
         self.idle.clear()
 
@@ -48,7 +48,7 @@ class ProxyState:
         self.upstream_base, self.upstream_authorization = self.config.upstream_target()
         self.body_budget = BodyBudget(self.config.max_buffered_body_bytes)
         self.cancel_hooks = CancelHooks(self.config.cancel_hook, self.upstream_base, self.upstream_authorization,
-                                        self.metrics, self.recorder.logger)  # fmt: skip
+                                        self.metrics, self.books.logger)  # fmt: skip
 
     def interrupt_all(self) -> int:
         """Shutdown's drain time is over: every exchange in flight is interrupted; returns how many."""

@@ -16,9 +16,9 @@ import time
 import aiohttp
 from aiohttp import web
 
+from .books import ExchangeRecord
 from .client_io import ClientWriter
 from .config import Config
-from .exchange import Exchange
 from .failures import READ_ERRORS
 from .guard import Step, StreamGuard
 from .headers import response_headers
@@ -54,7 +54,7 @@ async def pump_stream(
     guard: StreamGuard,
     out: ClientWriter,
     life: Lifecycle,
-    ex: Exchange,
+    ex: ExchangeRecord,
     cfg: Config,
 ) -> web.StreamResponse:
     """Forward the stream until the guard or the lifecycle ends it; returns the response to give aiohttp."""
@@ -109,7 +109,7 @@ async def pump_stream(
         count_stream(guard, ex)
 
 
-def count_stream(guard: StreamGuard, ex: Exchange) -> None:
+def count_stream(guard: StreamGuard, ex: ExchangeRecord) -> None:
     """Copy what the guard counted into the exchange's record."""
     ex.events = guard.events
     ex.content_events = guard.content_events
@@ -118,7 +118,7 @@ def count_stream(guard: StreamGuard, ex: Exchange) -> None:
 
 
 async def send_step(
-    out: ClientWriter, response: web.StreamResponse, step: Step, ex: Exchange, life: Lifecycle
+    out: ClientWriter, response: web.StreamResponse, step: Step, ex: ExchangeRecord, life: Lifecycle
 ) -> web.Response | None:
     """Carry out one guard step; returns a whole response when a failure is sent as a real status."""
     if step.first_content and ex.first_content_at is None:

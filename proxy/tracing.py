@@ -17,7 +17,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from . import __version__
-from .exchange import Exchange
+from .books import ExchangeRecord
 
 __all__ = ["OPERATIONS", "Tracing", "otel_installed", "traces_url"]
 
@@ -54,7 +54,7 @@ def _wall_ns(monotonic: float) -> int:
 
 
 class Tracing:
-    """The tracer provider, its exporter, and the span work of `Recorder` (begin, inject, end)."""
+    """The tracer provider, its exporter, and the span work of `Books` (begin, inject, end)."""
 
     def __init__(self, endpoint: str, *, timeout: float = 10.0) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -75,7 +75,7 @@ class Tracing:
         self.tracer = self.provider.get_tracer("streamwarden", __version__)
         self.propagator = TraceContextTextMapPropagator()
 
-    def begin(self, ex: Exchange, headers: Mapping[str, str] | None) -> None:
+    def begin(self, ex: ExchangeRecord, headers: Mapping[str, str] | None) -> None:
         parent = None
         if headers is not None and "traceparent" in headers:
             parent = self.propagator.extract({name: headers[name] for name in _TRACE_HEADERS if name in headers})
@@ -91,7 +91,7 @@ class Tracing:
             start_time=_wall_ns(ex.started),
         )
 
-    def inject(self, ex: Exchange, headers: MutableMapping[str, str]) -> None:
+    def inject(self, ex: ExchangeRecord, headers: MutableMapping[str, str]) -> None:
         """The proxy's span becomes the upstream's parent; the client's own context is not passed on."""
         for name in _TRACE_HEADERS:
             if name in headers:
@@ -101,7 +101,7 @@ class Tracing:
             self.propagator.inject(carrier, context=self._in_context(ex.span))
             headers.update(carrier)
 
-    def end(self, ex: Exchange, outcome: str, reason: str, abort_phase: str | None) -> None:
+    def end(self, ex: ExchangeRecord, outcome: str, reason: str, abort_phase: str | None) -> None:
         span = ex.span
         ex.span = None
         operation = OPERATIONS.get(ex.api)

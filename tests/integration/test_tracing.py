@@ -111,7 +111,7 @@ async def traced(
 
     rec, url = receiver
     proxy = await make_proxy(upstream=await serve_upstream(upstream), otlp_endpoint=url)
-    tracing = proxy.state.recorder.tracing
+    tracing = proxy.state.books.tracing
     assert tracing is not None
     try:
         yield proxy, rec, seen
@@ -120,7 +120,7 @@ async def traced(
 
 
 async def flushed(proxy: Proxy) -> None:
-    tracing = proxy.state.recorder.tracing
+    tracing = proxy.state.books.tracing
     assert tracing is not None
     # The exporter posts (from the SDK's thread) to a receiver on this loop: never block the loop on it.
     assert await asyncio.to_thread(tracing.flush)
@@ -270,7 +270,7 @@ def test_no_endpoint_no_sdk() -> None:
         "from proxy.app import build_state\n"
         "from proxy.config import Config\n"
         "state = build_state(Config(upstream='http://127.0.0.1:9'))\n"
-        "assert state.recorder.tracing is None\n"
+        "assert state.books.tracing is None\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
         "assert not loaded, loaded\n"
     )
@@ -284,10 +284,10 @@ async def test_a_collector_that_is_down_costs_the_client_nothing(
     """The exporter's failures stay in the SDK's thread: requests are served and logged as usual."""
     down = f"http://127.0.0.1:{closed_port()}"
     proxy = await make_proxy(otlp_endpoint=down)
-    default = proxy.state.recorder.tracing
+    default = proxy.state.books.tracing
     assert default is not None
     await asyncio.to_thread(default.close)
-    proxy.state.recorder.tracing = tracing = Tracing(down, timeout=0.5)  # give up exporting quickly
+    proxy.state.books.tracing = tracing = Tracing(down, timeout=0.5)  # give up exporting quickly
     try:
         status, _ = await call(http, proxy, fake_upstream, "tr-down", "chat_completions", stream=True)
         assert status == 200

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.books import ExchangeRecord, abort_phase
 from proxy.dialects import for_request
-from proxy.exchange import Exchange, abort_phase
 from proxy.guard import StreamGuard
 from proxy.latency import ITL_BUCKETS, GapHistogram, TokenGaps
 from proxy.lifecycle import Lifecycle, Phase
@@ -81,8 +81,8 @@ def test_gap_histogram_exposes_cumulative_buckets_per_api() -> None:
     assert samples[("test_itl_seconds_sum", None)] == pytest.approx(2 * 3.124)
 
 
-def _ex(phase: str, *, stream: bool = False, status: int | None = None, content: bool = False) -> Exchange:
-    ex = Exchange("r", "POST", "/v1/chat/completions", "chat_completions", None)
+def _ex(phase: str, *, stream: bool = False, status: int | None = None, content: bool = False) -> ExchangeRecord:
+    ex = ExchangeRecord("r", "POST", "/v1/chat/completions", "chat_completions", None)
     ex.phase, ex.stream, ex.upstream_status = phase, stream, status
     if content:
         ex.first_content_at = ex.started + 0.1
@@ -103,7 +103,7 @@ def _ex(phase: str, *, stream: bool = False, status: int | None = None, content:
         (_ex(Phase.RESPONDING_WHOLE, status=500), "whole_body"),
     ],
 )
-def test_abort_phase_from_the_record(ex: Exchange, phase: str) -> None:
+def test_abort_phase_from_the_record(ex: ExchangeRecord, phase: str) -> None:
     assert abort_phase(ex) == phase
 
 

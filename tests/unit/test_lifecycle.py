@@ -6,16 +6,16 @@ from collections.abc import Callable
 
 import pytest
 
+from proxy.books import ExchangeRecord
 from proxy.dialects import DIALECTS
-from proxy.exchange import Exchange
 from proxy.guard import StreamGuard
 from proxy.lifecycle import REASONS, Answer, Event, Lifecycle, Outcome, Phase, Reason, Reply
 
 R = Reason
 
 
-def _at(phase: Phase, *, committed: bool = False, drain: bool = False) -> tuple[Lifecycle, Exchange]:
-    ex = Exchange("r", "POST", "/v1/chat/completions", "chat_completions", None)
+def _at(phase: Phase, *, committed: bool = False, drain: bool = False) -> tuple[Lifecycle, ExchangeRecord]:
+    ex = ExchangeRecord("r", "POST", "/v1/chat/completions", "chat_completions", None)
     life = Lifecycle(ex, drain_on_abandon=drain)
     if phase is not Phase.RECEIVED:
         life.sent()

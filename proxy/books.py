@@ -1,6 +1,6 @@
 """One exchange's record and the single place where it is counted, logged and traced, exactly once.
 
-The handler moves an `Exchange` through its phases and fills in what it learns; `Recorder.finish`
+The handler moves an `ExchangeRecord` through its phases and fills in what it learns; `Books.finish`
 turns the final record into metrics, one log line and (with tracing on) one span. Nothing else writes
 the request metrics. What the books derive from the record (where an abort happened, the token
 latency of an ok stream) is decided here, from the record alone.
@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 
     from .tracing import Tracing
 
-__all__ = ["Exchange", "Recorder", "abort_phase"]
+__all__ = ["Books", "ExchangeRecord", "abort_phase"]
 
 
 @dataclass(slots=True)
-class Exchange:
+class ExchangeRecord:
     """What one request did; the fields of the `request` log line (design section 7)."""
 
     request_id: str
@@ -76,7 +76,7 @@ class Exchange:
 
 
 
-def abort_phase(ex: Exchange) -> str:
+def abort_phase(ex: ExchangeRecord) -> str:
     """Where the client left, from the phase the lifecycle took its verdict in: before any upstream
     answer, before a stream's first content (held or committed), mid-stream, or during a whole body."""
     if ex.phase == "streaming":
@@ -86,7 +86,7 @@ def abort_phase(ex: Exchange) -> str:
     return "before_headers"
 
 
-class Recorder:
+class Books:
     """Writes an exchange's metrics and its log line when it finishes (and its span, with tracing on)."""
 
     def __init__(self, metrics: Metrics, logger: Any, tracing: Tracing | None = None) -> None:
@@ -94,26 +94,26 @@ class Recorder:
         self.logger = logger
         self.tracing = tracing
 
-    def start(self, ex: Exchange, headers: Mapping[str, str] | None = None) -> None:
+    def start(self, ex: ExchangeRecord, headers: Mapping[str, str] | None = None) -> None:
         """The exchange arrived; `headers` (the client's) may carry a trace context to continue."""
         self.metrics.inflight.labels(api=ex.api).inc()
         if self.tracing is not None:
             self.tracing.begin(ex, headers)
 
-    def propagate(self, ex: Exchange, upstream_headers: MutableMapping[str, str]) -> None:
+    def propagate(self, ex: ExchangeRecord, upstream_headers: MutableMapping[str, str]) -> None:
         """Send the proxy's span context upstream (`traceparent`/`tracestate`), replacing the client's."""
         if self.tracing is not None:
             self.tracing.inject(ex, upstream_headers)
 
     def record_refusal(self, status: int, reason: str, bytes_out: int, *, client: str | None) -> None:
         """A connection-level refusal (bad HTTP, a header timeout, too many connections): one exchange."""
-        ex = Exchange(uuid.uuid4().hex, "-", "-", "other", client)
+        ex = ExchangeRecord(uuid.uuid4().hex, "-", "-", "other", client)
         ex.status, ex.bytes_out = status, bytes_out
         ex.outcome, ex.reason, ex.settled_at = "error", reason, time.monotonic()  # (no lifecycle: no request)
         self.start(ex)
         self.finish(ex)
 
-    def finish(self, ex: Exchange) -> None:
+    def finish(self, ex: ExchangeRecord) -> None:
         if ex.booked:
             return
         ex.booked = True
@@ -152,7 +152,7 @@ class Recorder:
 
     def _log(
         self,
-        ex: Exchange,
+        ex: ExchangeRecord,
         outcome: str,
         reason: str,
         now: float,
@@ -186,7 +186,7 @@ class Recorder:
             **extra,
         )
 
-    def _count_abort(self, ex: Exchange, now: float) -> str:
+    def _count_abort(self, ex: ExchangeRecord, now: float) -> str:
         """Where the client left; before any content, also how long it had waited (queueing pain)."""
         phase = abort_phase(ex)
         self.metrics.aborts.labels(api=ex.api, phase=phase).inc()
@@ -203,7 +203,7 @@ class Recorder:
         if tpot is not None:
             self.metrics.time_per_output_token.labels(api=api).observe(tpot)
 
-    def _count_tokens(self, ex: Exchange, model: str) -> str | None:
+    def _count_tokens(self, ex: ExchangeRecord, model: str) -> str | None:
         """Usage from the upstream where it gave it; else a stream's delivered content events, estimated.
 
         A stream that ends early often has its prompt count (vLLM's first chunk, Anthropic's
