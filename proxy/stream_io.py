@@ -24,6 +24,7 @@ from .guard import Step, StreamGuard
 from .headers import response_headers
 from .interrupts import Interrupted
 from .lifecycle import Lifecycle, Reason
+from .stream_clock import KeepaliveFailed, StreamClock, UpstreamStalled
 
 __all__ = ["KEEPALIVE", "count_stream", "is_stream", "pump_stream", "send_step"]
 
@@ -61,34 +62,41 @@ async def pump_stream(
     response = stream_response(upstream, ex.request_id)
     hold = cfg.hold_headers > 0
     loop = asyncio.get_running_loop()
-    hold_until = loop.time() + cfg.hold_headers if hold else None
-    last_heard = last_sent = loop.time()
+    hold_until = loop.time() + cfg.hold_headers
+    last_heard = loop.time()
     reader = upstream.content
+    clock: StreamClock | None = None  # once committed: no timer per read (see stream_clock.py)
+
+    async def keepalive() -> bool:
+        if not guard.keepalive_safe:
+            return False
+        await out.write(KEEPALIVE)
+        return True
+
     try:
         if not hold:
             await out.commit(response)
         while True:
-            deadline = last_heard + cfg.idle_timeout
-            if hold_until is not None:
-                deadline = min(deadline, hold_until)
-            elif cfg.keepalive_interval:
-                deadline = min(deadline, max(last_heard, last_sent) + cfg.keepalive_interval)
+            if clock is None and life.committed:
+                clock = StreamClock(reader, idle=cfg.idle_timeout, keepalive_interval=cfg.keepalive_interval,
+                                    keepalive=keepalive, last_heard=last_heard)
             try:
-                async with asyncio.timeout_at(deadline):
+                if clock is not None:
                     chunk = await reader.readany()
+                else:  # the hold window: a deadline for this read, the earlier of commit and stall
+                    async with asyncio.timeout_at(min(hold_until, last_heard + cfg.idle_timeout)):
+                        chunk = await reader.readany()
             except TimeoutError:
-                now = loop.time()
-                if hold_until is not None and now >= hold_until:
-                    hold_until = None
-                    step = guard.commit()
-                elif now >= last_heard + cfg.idle_timeout:
+                if loop.time() >= last_heard + cfg.idle_timeout:
                     life.upstream_failed(Reason.STALL_TIMEOUT)
                     step = guard.fail(Reason.STALL_TIMEOUT)
-                else:
-                    if guard.keepalive_safe:
-                        await out.write(KEEPALIVE)
-                    last_sent = now
-                    continue
+                else:  # the hold window is over: commit what was held
+                    step = guard.commit()
+            except UpstreamStalled:
+                life.upstream_failed(Reason.STALL_TIMEOUT)
+                step = guard.fail(Reason.STALL_TIMEOUT)
+            except KeepaliveFailed as exc:
+                raise exc.cause from None  # the client's write failed: the handler's event
             except Interrupted:
                 life.interrupted()
                 step = guard.fail(Reason.SHUTDOWN)
@@ -97,15 +105,17 @@ async def pump_stream(
                 step = guard.fail(Reason.STREAM_CUT)
             else:
                 last_heard = loop.time()
+                if clock is not None:
+                    clock.heard(last_heard)
                 step = guard.feed(chunk) if chunk else guard.end_of_stream()
-                if guard.committed:
-                    hold_until = None
             whole = await send_step(out, response, step, ex, life)
             if whole is not None:
                 return whole
             if step.done:
                 return response
     finally:
+        if clock is not None:
+            clock.stop()
         count_stream(guard, ex)
 
 
@@ -121,10 +131,11 @@ async def send_step(
     out: ClientWriter, response: web.StreamResponse, step: Step, ex: ExchangeRecord, life: Lifecycle
 ) -> web.Response | None:
     """Carry out one guard step; returns a whole response when a failure is sent as a real status."""
-    if step.first_content and ex.first_content_at is None:
-        ex.first_content_at = time.monotonic()
-    if step.content_events:  # inter-token latency
-        ex.note_content(time.monotonic(), step.content_events)
+    if step.content_events:
+        now = time.monotonic()
+        if step.first_content and ex.first_content_at is None:
+            ex.first_content_at = now
+        ex.note_content(now, step.content_events)  # inter-token latency
     if step.done:
         life.guard_ended(step.outcome or "error", step.reason or Reason.PROXY_ERROR)
     failure = step.failure
