@@ -87,12 +87,18 @@ async def respond_whole(
             judged = judge_body(dialect, info, upstream.status, upstream.headers.get("Content-Type"), head)
             verdict = Reason(judged.reason)
             ex.record_usage(judged.usage)
+            life.body_ended(verdict)
             if judged.replacement is not None:
-                life.body_ended(verdict)
                 status, body = judged.replacement
                 headers = response_headers(upstream.headers, body_rewritten=True)
                 headers["X-Request-Id"] = ex.request_id
                 return out.whole(status, body, headers)
+            # Read whole and judged good (or passed as the upstream's own error): one response that
+            # aiohttp writes in one go, headers and body together, rather than a copy in pieces.
+            headers = response_headers(upstream.headers, body_rewritten=False)
+            headers.popall("Content-Length", None)
+            headers["X-Request-Id"] = ex.request_id
+            return out.whole(upstream.status, head, headers, reason=upstream.reason, content_type=None)
     return await _copy_through(upstream, out, life, ex, head, verdict, idle_timeout)
 
 

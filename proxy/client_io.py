@@ -51,10 +51,22 @@ class ClientWriter:
             await self._guarded(response.write(data))
         self.ex.bytes_out += len(data)
 
-    def whole(self, status: int, body: bytes, headers: CIMultiDict[str] | dict[str, str]) -> web.Response:
-        """A whole response the proxy answers with instead of the upstream's (nothing was committed)."""
+    def whole(
+        self,
+        status: int,
+        body: bytes,
+        headers: CIMultiDict[str] | dict[str, str],
+        *,
+        reason: str | None = None,
+        content_type: str | None = "application/json",
+    ) -> web.Response:
+        """A whole response, given to aiohttp to write at once (nothing was committed before it).
+
+        The proxy's own error JSON, or an upstream body read whole (`content_type=None`: its own
+        headers say what it is).
+        """
         self.ex.status, self.ex.bytes_out = status, len(body)
-        return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+        return web.Response(status=status, reason=reason, body=body, content_type=content_type, headers=headers)
 
     def _has_room(self, size: int) -> bool:
         """The write cannot wait: writing is not paused and this write will not pause it.
