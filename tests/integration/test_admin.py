@@ -5,8 +5,7 @@ from __future__ import annotations
 import socket
 
 import aiohttp
-
-from tests.conftest import Proxy, ProxyFactory
+from support import Proxy, ProxyFactory
 
 
 def _closed_port() -> int:

@@ -15,8 +15,7 @@ import aiohttp
 import orjson
 import pytest
 from guard_cases import ABORT_MESSAGE, CHAT_LIKE, REQUESTS, error_body
-
-from tests.conftest import FakeUpstream, Proxy
+from support import FakeUpstream, Proxy
 
 
 async def post(http: aiohttp.ClientSession, base: str, dialect: str, rid: str, fault: str, stream: bool,

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 from aiohttp import web
+from support import Proxy, ProxyFactory, ServeUpstream
 
 from proxy.cancel_hooks import parse_hooks
-from tests.conftest import Proxy, ProxyFactory, ServeUpstream
 
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'

@@ -23,9 +23,8 @@ import aiohttp
 import pytest
 import yaml
 from promql_exprs import dashboard_exprs, rule_exprs
+from support import FakeUpstream, Proxy, ProxyFactory
 from test_metrics_contract import PATHS, abandon, answered, body_for, call, leave_when
-
-from tests.conftest import FakeUpstream, Proxy, ProxyFactory
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [

@@ -6,8 +6,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-
-from tests.conftest import FakeUpstream, Proxy
+from support import FakeUpstream, Proxy
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 CASES: list[tuple[str, str, dict[str, Any]]] = [

@@ -13,9 +13,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from multidict import CIMultiDict
+from support import FakeUpstream, Proxy, ProxyFactory, ServeUpstream
 from yarl import URL
-
-from tests.conftest import FakeUpstream, Proxy, ProxyFactory, ServeUpstream
 
 
 async def _echo(http: aiohttp.ClientSession, url: str | URL, method: str = "GET", **kwargs: Any) -> dict[str, Any]:

@@ -21,8 +21,7 @@ import orjson
 import pytest
 from guard_cases import ALL, ANTHROPIC_MESSAGES, ANTHROPIC_TYPE, MESSAGES, OPENAI_TYPE, REQUESTS, error_body
 from multidict import CIMultiDictProxy
-
-from tests.conftest import FakeUpstream, Proxy, ProxyFactory
+from support import FakeUpstream, Proxy, ProxyFactory
 
 # The headers an SDK acts on, which must survive any rewrite.
 RETRY_HEADERS = ("Retry-After", "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",

@@ -37,8 +37,7 @@ from guard_cases import (
     error_body,
 )
 from multidict import CIMultiDictProxy
-
-from tests.conftest import FakeUpstream, Proxy, ProxyFactory
+from support import FakeUpstream, Proxy, ProxyFactory
 
 TOKENS = 4
 

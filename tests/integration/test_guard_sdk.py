@@ -35,8 +35,7 @@ from guard_cases import (
     STALL_MESSAGE,
     STRAY_MESSAGE,
 )
-
-from tests.conftest import FakeUpstream, Proxy, ProxyFactory
+from support import FakeUpstream, Proxy, ProxyFactory
 
 TEXT = "The fake upstream streams"  # the fake's first four words: max tokens 4
 BOUND = 5.0

@@ -9,10 +9,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from support import ProxyFactory
 
 from proxy import forward
 from proxy.guard import Step, StreamGuard
-from tests.conftest import ProxyFactory
 
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 

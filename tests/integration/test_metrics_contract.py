@@ -30,9 +30,9 @@ from contract import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+from support import FakeUpstream, Proxy, ProxyFactory, until
 
 from proxy import __version__
-from tests.conftest import FakeUpstream, Proxy, ProxyFactory, until
 
 # --- the contract: design section 7 (names, types, labels), 3 and 10 (label values) ------------------
 

@@ -18,12 +18,12 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from support import FakeUpstream, Proxy, ProxyFactory
 
 from proxy.app import build_state
 from proxy.config import Config
 from proxy.logs import make_logger
 from proxy.server import Server
-from tests.conftest import FakeUpstream, Proxy, ProxyFactory
 
 FIELDS = frozenset({
     "request_id", "method", "path", "api", "model", "stream", "status", "upstream_status", "outcome", "reason",

@@ -5,8 +5,7 @@ from __future__ import annotations
 import anthropic
 import openai
 import pytest
-
-from tests.conftest import Proxy
+from support import Proxy
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 

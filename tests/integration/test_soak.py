@@ -2,8 +2,9 @@
 
 Afterwards every abandoned request's upstream connection was closed by the proxy (seen from the fake
 upstream's own socket), the proxy's books balance, the open file descriptors are back near their
-baseline, and nothing hangs. The disconnect-to-upstream-close latencies are printed for the record
-(run with `-s`); the test bounds them loosely, since timing under CI load is not a contract.
+baseline, and nothing hangs. How soon the upstream is closed is a figure, not a contract: `streamwarden
+bench` measures it (its "client leaves -> upstream closed" line); the only bounds here are the waits'
+timeouts, which only a hang exceeds.
 """
 
 from __future__ import annotations
@@ -11,12 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import statistics
-import time
 
 import aiohttp
-
-from tests.conftest import FakeUpstream, Proxy, until
+from support import FakeUpstream, Proxy, until
 
 STREAMS = 300
 TOKENS = 60
@@ -38,7 +36,7 @@ def _peak_rss_mib() -> float:
 async def test_soak_with_abandons(proxy: Proxy, fake_upstream: FakeUpstream) -> None:
     rng = random.Random(1234)
     abandon_after = {i: rng.randint(1, TOKENS - 5) for i in rng.sample(range(STREAMS), STREAMS // 3)}
-    closed_at: dict[str, float] = {}
+    abandoned: list[str] = []
     baseline = _open_fds()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
@@ -54,13 +52,13 @@ async def test_soak_with_abandons(proxy: Proxy, fake_upstream: FakeUpstream) -> 
                     return
                 for _ in range(abandon_after[i]):
                     await resp.content.readuntil(b"\n\n")
-                closed_at[rid] = time.monotonic()
+                abandoned.append(rid)
                 resp.close()
 
         await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(STREAMS))), 60)
-        records = [await fake_upstream.recorder.wait_finished(rid, timeout=10) for rid in closed_at]
-    latencies = sorted(r.client_closed_at - closed_at[r.request_id] for r in records if r.client_closed_at)
-    assert len(latencies) == len(closed_at) == STREAMS // 3, "every abandoned upstream was closed"
+        records = [await fake_upstream.recorder.wait_finished(rid, timeout=10) for rid in abandoned]
+    assert len(records) == STREAMS // 3
+    assert all(r.client_closed_at is not None for r in records), "every abandoned upstream was closed"
     assert all(r.events_sent < TOKENS + 3 for r in records)
 
     lines = await proxy.settled()
@@ -79,9 +77,5 @@ async def test_soak_with_abandons(proxy: Proxy, fake_upstream: FakeUpstream) -> 
     await session.connector.close()
     await until(lambda: _open_fds() <= baseline + 10)  # the fake's ends close as it reads the EOFs
     after = _open_fds()
-    p50 = statistics.median(latencies) * 1000
-    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-    print(f"\nsoak: {STREAMS} streams, {len(latencies)} abandoned; close latency p50 {p50:.1f} ms, "
-          f"p99 {p99:.1f} ms, max {latencies[-1] * 1000:.1f} ms; fds {baseline} -> {after} "
+    print(f"\nsoak: {STREAMS} streams, {len(abandoned)} abandoned; fds {baseline} -> {after} "
           f"(+{pooled} with the keep-alive pool open); peak RSS of the whole test process {_peak_rss_mib():.0f} MiB")
-    assert p99 < 500

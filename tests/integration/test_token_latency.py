@@ -12,9 +12,8 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from support import FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
 from test_metrics_contract import PATHS, abandon, answered, body_for, call, delta, leave_when, scrape
-
-from tests.conftest import FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
 
 ITL = "streamwarden_inter_token_latency_seconds"
 TPOT = "streamwarden_time_per_output_token_seconds"

@@ -20,10 +20,10 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from support import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
 from test_metrics_contract import call, closed_port, leave_when
 
 from proxy.tracing import Tracing
-from tests.conftest import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

@@ -23,9 +23,9 @@ import anthropic
 import openai
 import orjson
 import pytest
+from support import Proxy, ProxyFactory
 
 from proxy.cancel_hooks import parse_hooks
-from tests.conftest import Proxy, ProxyFactory
 from tests.real.llama import LlamaServer, parse_metric
 
 pytestmark = pytest.mark.real

@@ -12,8 +12,7 @@ import os
 import aiohttp
 import openai
 import pytest
-
-from tests.conftest import ProxyFactory
+from support import ProxyFactory
 
 REAL = os.environ.get("STREAMWARDEN_REAL_UPSTREAM", "").rstrip("/")
 pytestmark = [
