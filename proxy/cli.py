@@ -19,6 +19,14 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
     raise KeyError(name)
 
 
+def _needs_extra(exc: ModuleNotFoundError, extra: str, modules: set[str]) -> int:
+    """One line naming the extra that brings a missing optional dependency, exit 2; anything else is a bug."""
+    if (exc.name or "").partition(".")[0] not in modules:
+        raise exc
+    print(f"streamwarden {extra}: needs the {exc.name!r} package: pip install 'streamwarden[{extra}]'", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -37,8 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(args.host, args.port, FakeSettings(token_rate=args.token_rate))
         return 0
     if args.command == "demo":
-        from .demo import run_demo
-
+        try:
+            from .demo import run_demo
+        except ModuleNotFoundError as exc:
+            return _needs_extra(exc, "demo", {"openai"})
         return run_demo(keep_running=args.keep_running)
     if args.command == "bench":
         from .bench import run_bench
