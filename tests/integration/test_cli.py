@@ -211,3 +211,16 @@ async def test_sigterm_gives_a_waiting_whole_body_request_a_503(
         resp.close()
     assert body["error"]["code"] == "shutdown"
     assert await asyncio.wait_for(proc.wait(), 15) == 0
+
+
+async def test_image_healthcheck_follows_serve_s_admin_port_argument(served: Served) -> None:
+    """The HEALTHCHECK (`python -m proxy.healthcheck`) against a real `serve --admin-port N` (issue 14)."""
+    _, _, proc = served
+    check = [PY, "-m", "proxy.healthcheck", str(proc.pid)]
+    env = {**os.environ, "STREAMWARDEN_ADMIN_PORT": "1"}  # the check's own environment must not matter
+    healthy = await asyncio.create_subprocess_exec(*check, env=env)
+    assert await asyncio.wait_for(healthy.wait(), 20) == 0
+    proc.kill()
+    await proc.wait()
+    gone = await asyncio.create_subprocess_exec(*check, env=env, stderr=asyncio.subprocess.DEVNULL)
+    assert await asyncio.wait_for(gone.wait(), 20) == 1

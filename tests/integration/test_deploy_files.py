@@ -14,6 +14,7 @@ import http.server
 import json
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -490,25 +491,51 @@ class _Health(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.parametrize("given", ["flag", "env"])
 @pytest.mark.parametrize(("status", "healthy"), [(200, True), (503, False)])
-def test_dockerfile_healthcheck_command_works(status: int, healthy: bool) -> None:
-    """Run the HEALTHCHECK's command against a local /healthz answering `status`."""
+def test_dockerfile_healthcheck_follows_the_real_admin_port(given: str, status: int, healthy: bool) -> None:
+    """Run the HEALTHCHECK's command beside a process started like the container's `serve`.
+
+    The admin port comes from `--admin-port` in the command or from STREAMWARDEN_ADMIN_PORT; in both
+    cases the other source points at a port where nothing listens, so following the wrong one fails.
+    """
     (healthcheck,) = final("HEALTHCHECK")
     command = json.loads(healthcheck[healthcheck.index("CMD ") + 4:])
     assert command[0] == "python", "slim has no curl: the check uses Python"
-    for part in ("http://127.0.0.1:", "'9464'", "/healthz"):
-        assert part in command[-1]
     handler = type("Handler", (_Health,), {"status": status})
     server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        wrong = str(unused.getsockname()[1])
+    right = str(server.server_address[1])
+    flag_args, env_port = (["--admin-port", right], wrong) if given == "flag" else ([], right)
+    # Stands in for PID 1: its command line and environment are what the check reads from /proc.
+    serving = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", "serve", "--upstream", "http://backend:8000",
+         *flag_args],
+        stdin=subprocess.PIPE, env={"STREAMWARDEN_ADMIN_PORT": env_port},
+    )  # fmt: skip
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         result = subprocess.run(
-            [sys.executable, *command[1:]], capture_output=True, timeout=20, check=False,
-            env={"STREAMWARDEN_ADMIN_PORT": str(server.server_address[1])},
+            [sys.executable, *command[1:], str(serving.pid)], capture_output=True, timeout=20, check=False,
+            env={"PATH": "/usr/bin:/bin"},  # nothing from the check's own environment decides the port
         )
     finally:
+        assert serving.stdin is not None
+        serving.stdin.close()
+        serving.wait(timeout=10)
         server.shutdown()
         server.server_close()
         thread.join()
     assert (result.returncode == 0) is healthy, result.stderr.decode()
+
+
+def test_dockerfile_healthcheck_fails_when_the_proxy_is_gone() -> None:
+    (healthcheck,) = final("HEALTHCHECK")
+    command = json.loads(healthcheck[healthcheck.index("CMD ") + 4:])
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=20, check=True)  # fmt: skip
+    result = subprocess.run([sys.executable, *command[1:], gone.stdout.strip()], capture_output=True, timeout=20)
+    assert result.returncode == 1
