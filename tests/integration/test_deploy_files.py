@@ -14,6 +14,7 @@ import http.server
 import json
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,11 +30,15 @@ import yaml
 from kubernetes_validate.utils import latest_version  # type: ignore[import-untyped]
 from promql_exprs import DASHBOARD, RULES
 
+from proxy import __version__
 from proxy.config import Config, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+KUBERNETES = DEPLOY / "kubernetes"
+MANIFESTS = sorted(KUBERNETES.glob("*-sidecar.yaml"))
+KUSTOMIZATION = KUBERNETES / "kustomization.yaml"
+KUBECTL = shutil.which("kubectl")
 COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 PROMETHEUS_CONFIGS = sorted((DEPLOY / "prometheus").glob("prometheus*.yml"))
@@ -229,6 +234,83 @@ def test_sidecar_runs_locked_down(path: Path) -> None:
     assert "memory" in proxy["resources"]["limits"]
     # A Service named `streamwarden` in the namespace would otherwise inject STREAMWARDEN_PORT=tcp://...
     assert one(path, "Deployment")["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
+# --- kustomize ----------------------------------------------------------------------------------------
+
+
+def kustomization() -> dict[str, Any]:
+    return dict(yaml.safe_load(KUSTOMIZATION.read_text()))
+
+
+def image_entry() -> dict[str, str]:
+    (entry,) = kustomization()["images"]
+    return {k: str(v) for k, v in entry.items()}
+
+
+def test_kustomization_covers_every_manifest_and_names_a_real_image() -> None:
+    config = kustomization()
+    assert set(config["resources"]) == {"namespace.yaml", *(p.name for p in MANIFESTS)}
+    (namespace,) = documents(KUBERNETES / "namespace.yaml")
+    assert namespace["kind"] == "Namespace"
+    assert namespace["metadata"]["name"] == config["namespace"]
+    entry = image_entry()
+    for path in MANIFESTS:
+        assert sidecar(path)["image"] == entry["name"], f"{path.name}: kustomize's images: would not match"
+    # A registry path and the version being built, never `latest` (an image published nowhere).
+    assert "/" in entry["newName"]
+    assert entry["newTag"] == __version__
+
+
+def kustomize(root: Path) -> list[dict[str, Any]]:
+    assert KUBECTL is not None
+    done = subprocess.run([KUBECTL, "kustomize", str(root)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def kustomize_supports_components() -> bool:
+    """Components came with kustomize v3.7 (kubectl 1.21); Debian bookworm's kubectl 1.20 has v2."""
+    assert KUBECTL is not None
+    done = subprocess.run([KUBECTL, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=60)
+    found = re.match(r"v(\d+)\.(\d+)", json.loads(done.stdout or "{}").get("kustomizeVersion", "v0.0"))
+    return found is not None and (int(found[1]), int(found[2])) >= (3, 7)
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (Debian: kubernetes-client)")
+def test_kubectl_kustomize_renders_the_manifests() -> None:
+    rendered = kustomize(KUBERNETES)
+    namespace = kustomization()["namespace"]
+    kinds = sorted(doc["kind"] for doc in rendered)
+    assert kinds == sorted(["Namespace"] + [doc["kind"] for path in MANIFESTS for doc in documents(path)])
+    for doc in rendered:
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == namespace, doc["metadata"]["name"]
+        if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(doc, latest_version(), strict=True)
+    entry = image_entry()
+    images = [
+        c["image"] for doc in rendered if doc["kind"] == "Deployment"
+        for c in doc["spec"]["template"]["spec"]["containers"] if c["name"] == SIDECAR
+    ]
+    assert images == [f"{entry['newName']}:{entry['newTag']}"] * len(MANIFESTS)
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (Debian: kubernetes-client)")
+def test_the_component_for_clusters_without_the_operator_leaves_only_the_podmonitors_out(tmp_path: Path) -> None:
+    if not kustomize_supports_components():
+        pytest.skip("this kubectl's kustomize predates components (v3.7)")
+    text = KUSTOMIZATION.read_text()
+    commented = "# components:\n#   - without-prometheus-operator\n"
+    assert commented in text, "the README's recipe: uncomment these two lines"
+    copy = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, copy)
+    (copy / "kustomization.yaml").write_text(text.replace(commented, "components:\n  - without-prometheus-operator\n"))
+    without = kustomize(copy)
+    assert sorted(d["kind"] for d in kustomize(KUBERNETES) if d["kind"] != "PodMonitor") == sorted(
+        d["kind"] for d in without
+    )
+    assert "PodMonitor" not in {d["kind"] for d in without}
 
 
 # --- the in-cluster Prometheus scrape job, applied to the manifests' pods ----------------------------
