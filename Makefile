@@ -8,13 +8,17 @@ PORT ?= 8080
 ADMIN_PORT ?= 9464
 FAKE_PORT ?= 8000
 PYTEST_ARGS ?=
+# Every version pip installs, here and in the image (deploy/Dockerfile): `make lock` rewrites it.
+CONSTRAINTS := constraints.txt
+IMAGE ?= streamwarden
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' proxy/__init__.py)
 
-.PHONY: install test test-real llama-server lint run demo bench clean
+.PHONY: install test test-real llama-server lint run demo bench lock image docs clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,speed,otel]'
+	$(BIN)/python -m pip install --quiet --upgrade -c $(CONSTRAINTS) pip
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,speed,otel,demo]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -42,6 +46,24 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/streamwarden bench
+
+# Re-resolve every dependency (runtime, extras, test tools) in a fresh venv and pin the result.
+lock:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --upgrade pip
+	.lock-venv/bin/python -m pip install --quiet '.[test,speed,otel,demo]'
+	{ echo "# pip constraints: the versions \`make install\` and deploy/Dockerfile install. Regenerate: make lock"; \
+	  .lock-venv/bin/python -m pip freeze --all --exclude streamwarden --exclude setuptools; } > $(CONSTRAINTS)
+	rm -rf .lock-venv
+
+# The container image, tagged with the package version: make image IMAGE=registry.example.com/streamwarden
+image:
+	docker build -f deploy/Dockerfile -t $(IMAGE):$(VERSION) .
+
+# The generated parts of docs/ (the fake upstream's scenario table, from its registry).
+docs: $(STAMP)
+	$(BIN)/python scripts/gen_docs.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -538,7 +538,7 @@ def test_dockerfile_is_multi_stage_with_a_clean_final_stage() -> None:
     assert all("python:3.12-slim" in stage[0][1] or "${PYTHON_IMAGE}" in stage[0][1] for stage in stages)
     assert "python:3.12-slim" in DOCKERFILE.read_text()
     builder = " ".join(rest for _, rest in stages[0])
-    assert "pip wheel --no-deps" in builder
+    assert "pip wheel --quiet --no-deps" in builder
     assert any(rest.startswith("--from=") for rest in final("COPY")), "the final stage copies the venv"
     for command in final("RUN"):
         for tool in ("gcc", "build-essential", "apt-get", "pip install", "pip wheel"):
@@ -547,6 +547,43 @@ def test_dockerfile_is_multi_stage_with_a_clean_final_stage() -> None:
     for rest in (rest for kw, rest in stages[0] if kw == "COPY" and not rest.startswith("--from")):
         for source in rest.split()[:-1]:
             assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+
+
+def test_dockerfile_builds_reproducibly_from_a_pinned_base_and_the_constraints() -> None:
+    """Issue 14: a digest-pinned base, the constraints `make` uses too, no frontend fetched from a registry."""
+    text = DOCKERFILE.read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I), "a # syntax= line makes BuildKit pull a frontend"
+    (default,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
+    assert re.fullmatch(r"python:3\.12-slim@sha256:[0-9a-f]{64}", default)
+    builder = " ".join(rest for _, rest in dockerfile_stages()[0])
+    installs = re.findall(r"pip install [^&]*", builder)
+    assert installs, "the builder installs nothing"
+    assert all("-c constraints.txt" in command for command in installs), installs
+    assert "-c $(CONSTRAINTS)" in (ROOT / "Makefile").read_text()
+    assert (ROOT / "constraints.txt").is_file()
+    # What only installing needs stays in the builder.
+    assert re.search(r"pip uninstall [^&]*\bpip\b[^&]*\bsetuptools\b", builder)
+    for arg in ("PYTHON_IMAGE", "PIP_INDEX_URL", "DEBIAN_MIRROR"):
+        assert f"{arg}=" in text, f"no build argument {arg} for builds behind a mirror"
+
+
+def test_constraints_pin_every_dependency_of_the_project() -> None:
+    """Every requirement in pyproject (runtime and extras) has an exact pin in constraints.txt."""
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not an exact pin"
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        requirements += extra
+    for requirement in requirements:
+        name = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement)[0]).lower()  # type: ignore[index]
+        if name == "streamwarden":
+            continue
+        assert name in pins, f"{requirement} has no pin in constraints.txt (run make lock)"
 
 
 def test_dockerfile_runs_streamwarden_serve_as_non_root() -> None:
