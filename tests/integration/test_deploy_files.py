@@ -27,6 +27,7 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+from contract import METRICS
 from kubernetes_validate.utils import latest_version  # type: ignore[import-untyped]
 from promql_exprs import DASHBOARD, RULES
 
@@ -234,6 +235,19 @@ def test_sidecar_runs_locked_down(path: Path) -> None:
     assert "memory" in proxy["resources"]["limits"]
     # A Service named `streamwarden` in the namespace would otherwise inject STREAMWARDEN_PORT=tcp://...
     assert one(path, "Deployment")["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
+def cpu_cores(quantity: str | int | float) -> float:
+    text = str(quantity)
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_sidecar_cpu_is_never_throttled_below_one_core(path: Path) -> None:
+    """Issue 14: one proxy process uses up to a core; a lower limit turns load into latency."""
+    resources = sidecar(path)["resources"]
+    request, limit = cpu_cores(resources["requests"]["cpu"]), cpu_cores(resources["limits"]["cpu"])
+    assert limit >= max(1.0, request)
 
 
 # --- kustomize ----------------------------------------------------------------------------------------
@@ -448,6 +462,33 @@ def test_compose_builds_and_configures_streamwarden() -> None:
     assert int(grace[1]) > float(effective(env, "drain-timeout"))
 
 
+def test_compose_publishes_every_port_on_loopback_only() -> None:
+    """Grafana (admin/admin, anonymous viewer), Prometheus and the unauthenticated API stay on this machine."""
+    for name, service in compose()["services"].items():
+        for entry in service.get("ports", []):
+            assert str(entry).startswith("127.0.0.1:"), f"{name} publishes {entry} on every interface"
+
+
+def test_compose_says_it_needs_compose_v2() -> None:
+    assert "name" in compose(), "the top-level name: is what Compose v1 rejects"
+    assert "Compose v2" in COMPOSE.read_text().split("name:")[0]
+
+
+def test_compose_prometheus_sets_the_labels_the_alerts_and_dashboard_group_by() -> None:
+    """In Kubernetes discovery adds `pod` and `namespace`; the static compose target must set both."""
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    (static,) = config["scrape_configs"][0]["static_configs"]
+    grouped = set()
+    for text in (RULES.read_text(), DASHBOARD.read_text()):
+        for labels in re.findall(r"\bby \(([^)]*)\)", text):
+            grouped |= {label.strip() for label in labels.split(",") if label.strip()}
+    exported = frozenset({"le"}).union(*(labels for _, labels in METRICS.values()))
+    target_labels = grouped - exported
+    assert target_labels, "found no grouping labels: the regex no longer matches the rules"
+    assert target_labels <= set(static["labels"]), target_labels - set(static["labels"])
+    assert all(static["labels"].values())
+
+
 def test_compose_model_comes_from_a_documented_volume() -> None:
     llama = compose()["services"]["llamacpp"]
     model = cli_option([interpolate(str(a)) for a in llama["command"]], "model")
@@ -485,7 +526,7 @@ def test_compose_grafana_provisions_the_datasource_and_the_dashboard() -> None:
     (source,) = datasources["datasources"]
     assert source["type"] == "prometheus"
     assert source["url"] == "http://prometheus:9090"
-    assert "9090:9090" in services["prometheus"]["ports"]
+    assert published(services["prometheus"]) == {9090: 9090}
     (dashboards,) = [yaml.safe_load(p.read_text()) for p in (provisioning / "dashboards").glob("*.y*ml")]
     (provider,) = dashboards["providers"]
     folder = provider["options"]["path"]
