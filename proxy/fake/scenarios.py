@@ -5,51 +5,8 @@ Pick one with the header ``x-fault: <name>[;key=value...]`` or the model ``fault
 completions: none; responses: created, in_progress, output_item.added, content_part.added; messages:
 message_start, content_block_start, ping). "first content" means the preamble plus one content event.
 
-========================  ===========================  ==================================================
-scenario                  dialects                     what it does
-========================  ===========================  ==================================================
-stray_503                 chat, completions,           200, ``after`` events (preamble), then a raw ``HTTP/1.0 503``
-                          responses, messages          block (headers + JSON) inside the body, then FIN
-cut                       chat, completions,           ``after`` events (preamble + 2), then FIN with the
-                          responses, messages          chunked body unterminated (``eof=1``: end it properly)
-reset                     all                          ``after`` events (preamble + 2), then TCP RST; non-stream:
-                                                       RST instead of an answer
-error_after_first         chat, completions,           first content, the dialect's native error frame, then
-                          responses, messages          silence with the connection open (``hold`` s, 600)
-error_object_foreign      chat, completions            first content, flat ``{"object":"error",...}`` (SGLang)
-error_string              chat, completions            first content, ``{"error":"text","error_type":...}`` (TGI)
-error_field               chat, completions            first content, a bare ``error:`` line (old llama.cpp),
-                                                       then ``data: [DONE]``
-stall                     chat, completions,           ``after`` events (preamble + 1), then silence (``hold``
-                          responses, messages          s, 600), then FIN
-no_terminal               chat, completions,           the whole generation but no ``[DONE]`` /
-                          responses, messages          ``message_stop`` / ``response.completed``
-malformed_event           chat, completions,           one event of cut-off JSON after ``at`` content events
-                          responses, messages          (half), the stream otherwise normal
-done_without_finish       chat, completions            content, then ``[DONE]`` with no finish_reason anywhere
-oversized_event           chat, completions,           content event number ``at`` (1) padded so that its data
-                          responses, messages          is ``size`` bytes (9 MiB)
-slow                      chat, completions,           a normal answer at ``rate`` events/s (10) with
-                          responses, messages          ``tokens`` tokens
-null_200                  all                          200 ``application/json`` body ``null`` (vLLM #42794)
-empty_200                 all                          200 with an empty body
-error_in_200              all                          200 whose JSON is ``{"object":"error",...,"code":400}``
-batch_missing_choice      completions (non-stream)     drops choice index ``missing`` (the last)
-html_502                  all                          502 ``text/html`` nginx page
-late_headers              all                          sleeps ``delay`` s (5) before the response headers
-slow_body                 chat, completions,           200 and the first half of the whole JSON body, the rest
-                          responses, messages          after ``delay`` s (5) (non-stream)
-fail_first                all                          first ``failures`` attempts per key (``x-fault-key``,
-                                                       else body hash): 503 + ``Retry-After: 0``; with
-                                                       ``mode=stream`` (streams): 200 + stray 503 block
-upstream_4xx_native       all                          ``status`` (400) with the dialect's own error JSON
-upstream_429              all                          429, ``Retry-After: 1``, rate-limit headers, JSON error
-upstream_5xx_flat         all                          500 with a flat ``{"object":"error",...}`` body
-upstream_detail           all                          400 with FastAPI's ``{"detail":"..."}``
-vllm_abort                chat, completions            ``at`` content events (half), then every choice ends with
-                                                       ``finish_reason: "abort"`` (usage if asked), ``[DONE]``;
-                                                       non-stream: a 200 whose choices say ``"abort"`` (vLLM #57082)
-========================  ===========================  ==================================================
+Each scenario's one-line summary lives in its registration below, the only copy: ``describe()``
+reads the registry, and ``make docs`` renders it as the table in docs/fake-upstream.md.
 
 "all" = chat_completions, completions, responses, messages, embeddings, models. Scenarios marked for
 streams answer 400 to a non-stream request (and the reverse), as does an unknown name or parameter.
