@@ -5,6 +5,9 @@ port may come from `--admin-port` in the container's command. The check therefor
 command line and environment from `/proc/<pid>` (PID 1 in a container) and resolves them with the proxy's
 own parser, so a flag beats the variable exactly as it does for `serve`.
 
+The process is found by its command line, not assumed to be PID 1: an init (`docker run --init`) or a
+shell (`sh -c "streamwarden serve ..."`) may stand in front of it.
+
 Usage: `python -m proxy.healthcheck [PID]`; exit 0 healthy, 1 not (Docker's contract).
 """
 
@@ -17,9 +20,21 @@ from pathlib import Path
 
 from .config import ConfigError, build_parser, config_from_args
 
-__all__ = ["admin_url", "main"]
+__all__ = ["admin_url", "is_serve", "main"]
 
 _ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+def is_serve(argv: Sequence[str]) -> bool:
+    """`[python] .../streamwarden serve ...` or `python -m proxy serve ...`, whatever runs in front."""
+    if "serve" not in argv:
+        return False
+    before = list(argv[: list(argv).index("serve")])
+    return any(Path(arg).name == "streamwarden" for arg in before) or before[-2:] == ["-m", "proxy"]
+
+
+def _is_streamwarden(argv: Sequence[str]) -> bool:
+    return any(Path(arg).name == "streamwarden" for arg in argv) or "proxy" in argv
 
 
 def admin_url(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
@@ -28,7 +43,7 @@ def admin_url(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
     `argv` is the whole command line (`python .../streamwarden serve ...`, `python -m proxy serve ...`).
     Raises ConfigError when `serve`'s flags are unusable (that proxy could not have started).
     """
-    if "serve" not in argv:
+    if not is_serve(argv):
         return None
     try:
         args, _ = build_parser().parse_known_args(list(argv[list(argv).index("serve") :]))
@@ -52,10 +67,29 @@ def _read_proc(pid: int) -> tuple[list[str], dict[str, str]]:
     return argv, environ
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return _read_proc(pid)[0]
+    except OSError:  # gone meanwhile, or not ours to read
+        return []
+
+
+def _serve_pid() -> int | None:
+    """The lowest PID in this PID namespace (a container's) that runs `streamwarden serve`."""
+    pids = sorted(int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    return next((pid for pid in pids if is_serve(_cmdline(pid))), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
-    pid = int(args[0]) if args else 1
+    pid = int(args[0]) if args else _serve_pid()
     try:
+        if pid is None:
+            if _is_streamwarden(_cmdline(1)):  # e.g. `docker run IMAGE fake-upstream`: no admin port
+                print("healthcheck: the container does not run `streamwarden serve`: nothing to check")
+                return 0
+            print("healthcheck: no `streamwarden serve` process is running", file=sys.stderr)
+            return 1
         url = admin_url(*_read_proc(pid))
         if url is None:
             print(f"healthcheck: process {pid} is not `streamwarden serve`: nothing to check")

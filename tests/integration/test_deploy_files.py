@@ -653,7 +653,9 @@ class _Health(http.server.BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("given", ["flag", "env"])
 @pytest.mark.parametrize(("status", "healthy"), [(200, True), (503, False)])
-def test_dockerfile_healthcheck_follows_the_real_admin_port(given: str, status: int, healthy: bool) -> None:
+def test_dockerfile_healthcheck_follows_the_real_admin_port(
+    given: str, status: int, healthy: bool, tmp_path: Path
+) -> None:
     """Run the HEALTHCHECK's command beside a process started like the container's `serve`.
 
     The admin port comes from `--admin-port` in the command or from STREAMWARDEN_ADMIN_PORT; in both
@@ -669,10 +671,12 @@ def test_dockerfile_healthcheck_follows_the_real_admin_port(given: str, status: 
         wrong = str(unused.getsockname()[1])
     right = str(server.server_address[1])
     flag_args, env_port = (["--admin-port", right], wrong) if given == "flag" else ([], right)
-    # Stands in for PID 1: its command line and environment are what the check reads from /proc.
+    # Stands in for the container's `python /opt/venv/bin/streamwarden serve ...`: its command line and
+    # environment are what the check reads from /proc.
+    stand_in = tmp_path / "streamwarden"
+    stand_in.write_text("import sys\nsys.stdin.read()\n")
     serving = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()", "serve", "--upstream", "http://backend:8000",
-         *flag_args],
+        [sys.executable, str(stand_in), "serve", "--upstream", "http://backend:8000", *flag_args],
         stdin=subprocess.PIPE, env={"STREAMWARDEN_ADMIN_PORT": env_port},
     )  # fmt: skip
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -549,12 +549,11 @@ async def test_bad_json_body(fake: Fake) -> None:
         assert (await resp.json())["type"] == "error"
 
 
-def test_describe_matches_registry_and_docstring() -> None:
+def test_describe_matches_registry() -> None:
+    """The registry is the one copy of the scenario table (docs/fake-upstream.md is generated from it)."""
     rows = describe()
     assert [row.name for row in rows] == list(scenarios_module.SCENARIOS)
-    doc = scenarios_module.__doc__ or ""
     for row in rows:
-        assert f"\n{row.name} " in doc, row.name
         assert row.dialects
         assert row.summary
 

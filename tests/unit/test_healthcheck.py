@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import ConfigError
-from proxy.healthcheck import admin_url
+from proxy.healthcheck import admin_url, is_serve
 
 SCRIPT = ["/opt/venv/bin/python", "/opt/venv/bin/streamwarden"]
 UP = ["--upstream", "http://backend:8000"]
@@ -40,3 +40,19 @@ def test_a_container_not_serving_has_nothing_to_check() -> None:
 def test_an_unusable_command_line_is_unhealthy(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
         admin_url(argv, {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "serving"),
+    [
+        ([*SCRIPT, "serve"], True),
+        (["python", "-m", "proxy", "serve"], True),
+        (["/sbin/docker-init", "--", "streamwarden", "serve", *UP], True),  # docker run --init
+        (["/bin/sh", "-c", "streamwarden serve --admin-port 19467"], False),  # the shell; its child is found
+        ([*SCRIPT, "fake-upstream"], False),
+        (["python", "-c", "pass", "serve"], False),
+        ([], False),
+    ],
+)
+def test_the_serve_process_is_told_by_its_command_line(argv: list[str], serving: bool) -> None:
+    assert is_serve(argv) is serving
