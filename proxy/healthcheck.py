@@ -50,7 +50,7 @@ def admin_url(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
     except SystemExit:  # argparse has printed why
         raise ConfigError("the proxy's command line does not parse") from None
     config = config_from_args(args, environ)
-    host = _ANY_ADDRESS.get(config.host, config.host)
+    host = _ANY_ADDRESS.get(config.admin_listen_host, config.admin_listen_host)
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{config.admin_port}/healthz"

@@ -24,6 +24,9 @@ UP = ["--upstream", "http://backend:8000"]
         ([*SCRIPT, "serve", *UP, "--host", "10.1.2.3"], {}, "http://10.1.2.3:9464/healthz"),
         ([*SCRIPT, "serve", *UP, "--host", "::"], {}, "http://[::1]:9464/healthz"),
         ([*SCRIPT, "serve", *UP], {"STREAMWARDEN_HOST": "0.0.0.0"}, "http://127.0.0.1:9464/healthz"),
+        ([*SCRIPT, "serve", *UP, "--host", "10.1.2.3", "--admin-host", "127.0.0.1"], {},
+         "http://127.0.0.1:9464/healthz"),
+        ([*SCRIPT, "serve", *UP], {"STREAMWARDEN_ADMIN_HOST": "10.9.9.9"}, "http://10.9.9.9:9464/healthz"),
     ],
 )
 def test_admin_url_follows_flags_then_environment(argv: list[str], environ: dict[str, str], url: str) -> None:
