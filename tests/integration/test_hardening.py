@@ -21,8 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-
-from tests.integration.hostile import (
+from hostile import (
     WAIT,
     Connection,
     FakeProcess,

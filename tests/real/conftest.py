@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.real.llama import TINY, WIDE, LlamaServer, binary_path, build_binary, write_model
+from llama import TINY, WIDE, LlamaServer, binary_path, build_binary, write_model
 
 
 def _required() -> bool:

@@ -23,10 +23,10 @@ import anthropic
 import openai
 import orjson
 import pytest
+from llama import LlamaServer, parse_metric
 from support import Proxy, ProxyFactory
 
 from proxy.cancel_hooks import parse_hooks
-from tests.real.llama import LlamaServer, parse_metric
 
 pytestmark = pytest.mark.real
 
