@@ -32,7 +32,7 @@ pytestmark = pytest.mark.real
 
 MODEL = "tiny"
 PROMPT = "Say something."
-VOLATILE = frozenset({"id", "created", "created_at", "system_fingerprint", "timings", "item_id"})
+VOLATILE = frozenset({"id", "created", "created_at", "completed_at", "system_fingerprint", "timings", "item_id"})
 BOUND = 30.0  # seconds for any one exchange with the tiny model; only a hang exceeds it
 
 
