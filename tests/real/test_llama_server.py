@@ -396,7 +396,8 @@ async def test_a_hung_server_is_a_stall_and_its_request_is_cancelled(
 ) -> None:
     """SIGSTOP mid-stream: after --idle-timeout the client gets the error frame and the proxy closes the
     upstream; once the server runs again it sees the close and stops generating."""
-    proxy = await make_proxy(upstream=llama_victim.url, idle_timeout=0.5)
+    # 5 s of silence: a stopped server is silent for ever, a running one on a busy machine is not for long.
+    proxy = await make_proxy(upstream=llama_victim.url, idle_timeout=5.0)
     async with aiohttp.ClientSession() as http:
         before = await predicted(http, llama_victim)
         async with openai_client(proxy.url) as oai:
