@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -16,10 +17,13 @@ import pytest
 PY = sys.executable
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: all held open at once, so the kernel cannot hand one out twice."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 @pytest.mark.parametrize(
@@ -84,7 +88,7 @@ async def serve_factory() -> AsyncIterator[Callable[..., Awaitable[Served]]]:
     procs: list[asyncio.subprocess.Process] = []
 
     async def start(*flags: str) -> Served:
-        fake_port, port, admin_port = _free_port(), _free_port(), _free_port()
+        fake_port, port, admin_port = _free_ports(3)
         fake = await asyncio.create_subprocess_exec(
             PY, "-m", "proxy", "fake-upstream", "--port", str(fake_port), "--token-rate", "0",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
