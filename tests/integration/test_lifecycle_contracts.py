@@ -13,9 +13,8 @@ import asyncio
 
 import aiohttp
 import pytest
-
-from tests.conftest import Proxy, ProxyFactory
-from tests.integration.hostile import WAIT, Connection, RawUpstream
+from hostile import WAIT, Connection, RawUpstream
+from support import Proxy, ProxyFactory
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
