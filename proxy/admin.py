@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -93,8 +94,12 @@ class UpstreamProbe:
             return None, b""
 
 
+# `--workers N`: (workers ready, workers wanted), from the supervisor; absent for one process.
+WorkerCount = Callable[[], tuple[int, int]]
+
 PROBE: web.AppKey[UpstreamProbe] = web.AppKey("streamwarden_probe", UpstreamProbe)
 ADMIN_STATE: web.AppKey[ProxyState] = web.AppKey("streamwarden_admin_state", ProxyState)
+WORKERS: web.AppKey[WorkerCount] = web.AppKey("streamwarden_workers")
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -106,6 +111,12 @@ async def _readyz(request: web.Request) -> web.Response:
     up = await request.app[PROBE].is_up()
     if state.draining:
         return web.json_response({"status": "draining", "upstream_up": up}, status=503)
+    workers = request.app.get(WORKERS)
+    if workers is not None:
+        ready, wanted = workers()
+        if ready < wanted:
+            body = {"status": "workers not ready", "upstream_up": up, "workers_ready": ready, "workers": wanted}
+            return web.json_response(body, status=503)
     if not up:
         return web.json_response({"status": "upstream unavailable", "upstream_up": False}, status=503)
     return web.json_response({"status": "ready", "upstream_up": True})
@@ -117,9 +128,11 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def build_admin_app(state: ProxyState) -> web.Application:
+def build_admin_app(state: ProxyState, workers: WorkerCount | None = None) -> web.Application:
     app = web.Application()
     app[ADMIN_STATE] = state
+    if workers is not None:
+        app[WORKERS] = workers
     app[PROBE] = UpstreamProbe(state)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)

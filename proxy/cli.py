@@ -35,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = config_from_args(args)
         except ConfigError as exc:
             _subparser(parser, "serve").error(str(exc))  # usage line + one line, exit 2
+        if config.workers > 1:
+            from .supervisor import supervise
+
+            return supervise(config)
         from .server import serve
 
         serve(config)

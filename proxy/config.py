@@ -112,6 +112,20 @@ def _optional_url(text: str) -> str | None:
     return str(url).rstrip("/")
 
 
+MAX_WORKERS = 256
+
+
+def _workers(text: str) -> int:
+    """A count of worker processes, or `auto`: the CPUs this process may use (affinity, cgroup quota)."""
+    if text.strip() == "auto":
+        from .cpus import available_cpus
+
+        return available_cpus()
+    if not text.strip().isdigit() or not 1 <= int(text) <= MAX_WORKERS:
+        raise ConfigError(f"a number of worker processes from 1 to {MAX_WORKERS}, or auto")
+    return int(text)
+
+
 def _host(text: str) -> str:
     if not text.strip():
         raise ConfigError("a host name or address to listen on")
@@ -150,6 +164,9 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     ),
     "max-buffered-body-bytes": (
         parse_size, "256MiB", "request body bytes held at once across all requests (more: 503)",
+    ),
+    "workers": (
+        _workers, "1", "worker processes sharing the main port (SO_REUSEPORT); auto: the CPUs this process may use",
     ),
     # --- issue 13: traces. Also read from OTEL_EXPORTER_OTLP_ENDPOINT (see config_from_args).
     "otlp-endpoint": (_optional_url, "", "OTLP/HTTP collector base URL for traces; needs streamwarden[otel]"),
@@ -195,6 +212,7 @@ class Config:
     max_buffered_body_bytes: int = 256 * 1024 * 1024
     max_event_size: int = 8 * 1024 * 1024
     cancel_hook: tuple[CancelHook, ...] = ()
+    workers: int = 1  # issue 11: more than 1 runs a supervisor (proxy/supervisor.py) and N worker processes
     otlp_endpoint: str | None = None  # issue 13: OpenTelemetry traces over OTLP/HTTP; None: off
 
     @property

@@ -15,6 +15,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from . import __version__
 from .latency import ITL_BUCKETS, GapHistogram
@@ -80,13 +81,26 @@ class ModelLabels:
 
 
 class Metrics:
-    """Every streamwarden metric, registered on `registry`."""
+    """Every streamwarden metric, registered on `registry`.
 
-    def __init__(self, model_label_limit: int = 50, registry: CollectorRegistry | None = None) -> None:
+    With `--workers N` every process runs in prometheus_client's multiprocess mode (the supervisor set
+    PROMETHEUS_MULTIPROC_DIR before the library was imported): values live in per-process files under
+    `multiprocess_dir` and `render` sums them, so the admin port shows one set of series, exactly as one
+    process would. Gauges say how: in-flight exchanges are summed over live workers (`livesum`: a dead
+    worker's exchanges are gone with it); `upstream_up` is the supervisor's probe (`max`: the workers
+    never probe and hold 0); `build_info` is 1 everywhere (`max`). Counters and histograms are summed
+    over every file, a dead worker's included, so that no counter ever goes backwards.
+    """
+
+    def __init__(
+        self, model_label_limit: int = 50, registry: CollectorRegistry | None = None,
+        multiprocess_dir: str | None = None,
+    ) -> None:
         # The contract is the families of design section 7 (plus issue 12's hook failures); prometheus_client
         # would add a `*_created` gauge per counter and histogram series. (A library-wide switch, set once.)
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.multiprocess_dir = multiprocess_dir
         self.models = ModelLabels(model_label_limit)
         r = self.registry
         self.requests = Counter(
@@ -102,7 +116,10 @@ class Metrics:
             "From request arrival to the first upstream event carrying generated content.",
             ["api", "model"], buckets=TTFT_BUCKETS, registry=r,
         )
-        self.inflight = Gauge("streamwarden_inflight_requests", "Exchanges in progress.", ["api"], registry=r)
+        self.inflight = Gauge(
+            "streamwarden_inflight_requests", "Exchanges in progress.", ["api"], registry=r,
+            multiprocess_mode="livesum",
+        )
         self.upstream_responses = Counter(
             "streamwarden_upstream_responses", "Upstream response statuses (code=none: no response).",
             ["api", "code"], registry=r,
@@ -126,7 +143,7 @@ class Metrics:
         self.inter_token_latency = GapHistogram(
             "streamwarden_inter_token_latency_seconds",
             "Gaps between consecutive content-bearing events of ok streams, as the proxy forwarded them.",
-            ITL_BUCKETS,
+            ITL_BUCKETS, multiprocess=multiprocess_dir is not None,
         )
         r.register(self.inter_token_latency)
         self.time_per_output_token = Histogram(
@@ -142,8 +159,14 @@ class Metrics:
             "From arrival to the abort, for aborts before the first token (before_headers, before_first_token).",
             ["api"], buckets=ABORT_WAIT_BUCKETS, registry=r,
         )
-        self.upstream_up = Gauge("streamwarden_upstream_up", "1 when the last upstream probe answered.", registry=r)
-        self.build_info = Gauge("streamwarden_build_info", "Always 1; carries the version.", ["version"], registry=r)
+        self.upstream_up = Gauge(
+            "streamwarden_upstream_up", "1 when the last upstream probe answered.", registry=r,
+            multiprocess_mode="max",
+        )
+        self.build_info = Gauge(
+            "streamwarden_build_info", "Always 1; carries the version.", ["version"], registry=r,
+            multiprocess_mode="max",
+        )
         self.build_info.labels(version=__version__).set(1)
         self.upstream_up.set(0)
         # Series that alerts take `increase()` of must exist at 0 before their first event, or the
@@ -160,4 +183,8 @@ class Metrics:
                 self.cancel_hook_failures.labels(api=api, reason=reason)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(merged)

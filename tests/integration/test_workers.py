@@ -1,0 +1,285 @@
+"""`serve --workers 2` as a user runs it: one supervisor, two workers on one port, one admin port.
+
+Real processes, real clients on fresh connections (so SO_REUSEPORT spreads them over both workers),
+the in-process fake upstream. The aggregated /metrics must equal what the clients did, exactly as
+one process would count it; a worker killed with SIGKILL is replaced without a counter going back;
+SIGTERM drains every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from contract import ABORT_PHASES, APIS, CANCEL_HOOK_FAILURE_REASONS, CANCELLATION_REASONS, REWRITE_REASONS
+from hostile import PY, WAIT, ServeProcess, free_port, until
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.admin import build_admin_app
+from proxy.app import build_state
+from proxy.config import Config
+from tests.conftest import FakeUpstream
+from tests.integration.test_metrics_contract import Exposition, body_for, check_label_values
+
+TOKENS = 16  # the fake's default answer: 16 content events
+CHAT = "/v1/chat/completions"
+
+
+@contextlib.asynccontextmanager
+async def workers(upstream: str, *flags: str) -> AsyncIterator[ServeProcess]:
+    proc = ServeProcess(upstream, "--workers", "2", *flags)
+    try:
+        await until(lambda: len(proc.lines("worker_ready")) >= 2)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def fresh() -> aiohttp.ClientSession:
+    """A client whose every request opens its own connection (a new source port: a new SO_REUSEPORT pick)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+
+async def scrape(proc: ServeProcess) -> Exposition:
+    async with fresh() as http, http.get(f"{proc.admin_url}/metrics") as resp:
+        assert resp.status == 200
+        return Exposition(await resp.text())
+
+
+async def readyz(proc: ServeProcess) -> tuple[int, dict[str, Any]]:
+    async with fresh() as http, http.get(f"{proc.admin_url}/readyz") as resp:
+        return resp.status, await resp.json()
+
+
+async def ok_stream(http: aiohttp.ClientSession, proc: ServeProcess, rid: str) -> dict[str, int]:
+    """A whole chat stream with usage; returns the usage the client received."""
+    body = body_for("chat_completions", stream=True, usage=True)
+    usage: dict[str, int] = {}
+    async with http.post(proc.url + CHAT, json=body, headers={"X-Request-Id": rid}) as resp:
+        assert resp.status == 200
+        async for line in resp.content:
+            if line.startswith(b"data: {"):
+                chunk = orjson.loads(line[6:])
+                usage = chunk.get("usage") or usage
+    assert usage["completion_tokens"] == TOKENS
+    return usage
+
+
+async def failing(http: aiohttp.ClientSession, proc: ServeProcess, rid: str) -> None:
+    body = body_for("chat_completions", stream=True)
+    async with http.post(proc.url + CHAT, json=body, headers={"X-Request-Id": rid, "x-fault": "upstream_429"}) as resp:
+        assert resp.status == 429
+        await resp.read()
+
+
+async def open_slow(http: aiohttp.ClientSession, proc: ServeProcess, rid: str, *, events: int = 2,
+                    rate: int = 20) -> aiohttp.ClientResponse:
+    """A slow stream, read until `events` content events arrived; the caller closes it."""
+    headers = {"X-Request-Id": rid, "x-fault": f"slow;rate={rate};tokens=1000"}
+    resp = await http.post(proc.url + CHAT, json=body_for("chat_completions", stream=True), headers=headers)
+    assert resp.status == 200
+    seen = 0
+    async with asyncio.timeout(WAIT):
+        while seen < events:
+            event = await resp.content.readuntil(b"\n\n")
+            seen += b'"content":"' in event and b'"content":""' not in event
+    return resp
+
+
+def pids(proc: ServeProcess, event: str) -> set[int]:
+    return {line["pid"] for line in proc.lines(event)}
+
+
+async def test_aggregated_metrics_equal_what_the_clients_did(fake_upstream: FakeUpstream) -> None:
+    async with workers(fake_upstream.url) as proc:
+        async with fresh() as http:
+            usages = await asyncio.gather(*(ok_stream(http, proc, f"ok-{i}") for i in range(12)))
+            await asyncio.gather(*(failing(http, proc, f"err-{i}") for i in range(6)))
+            slow = await asyncio.gather(*(open_slow(http, proc, f"gone-{i}") for i in range(6)))
+            for resp in slow:
+                resp.close()
+            await until(lambda: len(proc.lines()) == 24)
+        lines = proc.lines()
+        metrics = await scrape(proc)
+
+    assert pids(proc, "request") == pids(proc, "worker_ready")  # both workers served
+    assert len(pids(proc, "request")) == 2
+    assert {line["worker"] for line in lines} == {0, 1}
+    assert metrics.total("streamwarden_requests_total", ("outcome", "reason")) == {
+        ("ok", "complete"): 12, ("error", "upstream_4xx"): 6, ("aborted", "client_disconnect"): 6,
+    }
+    assert metrics.total("streamwarden_upstream_responses_total", ("code",)) == {("200",): 18, ("429",): 6}
+    assert metrics.value("streamwarden_upstream_cancellations_total", api="chat_completions",
+                         reason="client_disconnect") == 6
+    tokens = metrics.total("streamwarden_tokens_total", ("kind", "source"))
+    estimated = sum(line["completion_tokens"] for line in lines if line["outcome"] == "aborted")
+    assert estimated >= 12  # each abandoned stream had delivered two content events at least
+    assert tokens == {
+        ("prompt", "usage"): sum(u["prompt_tokens"] for u in usages),
+        ("completion", "usage"): sum(u["completion_tokens"] for u in usages),
+        ("completion", "estimated"): estimated,
+    }
+    assert metrics.total("streamwarden_aborts_total", ("phase",)) == {
+        **{(phase,): 0 for phase in ABORT_PHASES}, ("mid_stream",): 6,
+    }
+    assert metrics.value("streamwarden_request_duration_seconds_count", api="chat_completions", outcome="ok") == 12
+    ttft = sum(1 for line in lines if line["ttft_ms"] is not None)
+    assert metrics.value("streamwarden_time_to_first_token_seconds_count", api="chat_completions", model="m") == ttft
+    assert metrics.value("streamwarden_inter_token_latency_seconds_count", api="chat_completions") == 12 * (TOKENS - 1)
+    assert metrics.value("streamwarden_time_per_output_token_seconds_count", api="chat_completions") == 12
+    assert metrics.total("streamwarden_inflight_requests", ("api",)) == {(api,): 0 for api in APIS}
+    assert metrics.value("streamwarden_upstream_up") == 1
+    assert len(metrics.series("streamwarden_build_info")) == 1
+    # The series that alerts take increase() of exist at 0, once each, as with one process.
+    for api in APIS:
+        for name, reasons in (("streamwarden_stream_rewrites_total", REWRITE_REASONS),
+                              ("streamwarden_upstream_cancellations_total", CANCELLATION_REASONS),
+                              ("streamwarden_cancel_hook_failures_total", CANCEL_HOOK_FAILURE_REASONS)):
+            for reason in reasons:
+                assert len([s for s in metrics.series(name) if s.labels == {"api": api, "reason": reason}]) == 1
+    assert check_label_values(metrics) > 0
+    assert not any("pid" in sample.labels for sample in metrics.samples())
+
+
+async def test_the_families_are_those_of_one_process(fake_upstream: FakeUpstream) -> None:
+    one = ServeProcess(fake_upstream.url, "--workers", "1")
+    try:
+        async with fresh() as http:
+            await ok_stream(http, one, "single")
+        await until(lambda: len(one.lines()) == 1)
+        single = await scrape(one)
+        children = Path(f"/proc/{one.pid}/task/{one.pid}/children").read_text().split()
+        started = one.lines("started")[0]
+    finally:
+        one.stop()
+    assert children == []  # --workers 1 is the process model of before: no supervisor, no workers
+    assert "metrics_dir" not in started
+    assert "worker" not in one.lines()[0]
+    async with workers(fake_upstream.url) as proc:
+        async with fresh() as http:
+            await ok_stream(http, proc, "pair")
+        await until(lambda: len(proc.lines()) == 1)
+        pair = await scrape(proc)
+
+    def shape(exposition: Exposition) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+        return {(s.name, tuple(sorted(s.labels.items()))) for s in exposition.samples()}
+
+    assert shape(pair) == shape(single)
+    kinds = {f.name: f.type for f in text_string_to_metric_families(single.text)}
+    assert {f.name: f.type for f in text_string_to_metric_families(pair.text) if f.samples} == {
+        name: kind for name, kind in kinds.items() if single.families[name].samples
+    }
+
+
+async def test_a_killed_worker_is_replaced_and_no_counter_goes_back(fake_upstream: FakeUpstream) -> None:
+    async with workers(fake_upstream.url) as proc:
+        async with fresh() as http:
+            await asyncio.gather(*(ok_stream(http, proc, f"before-{i}") for i in range(8)))
+            slow = await asyncio.gather(*(open_slow(http, proc, f"held-{i}") for i in range(12)))
+            held = await scrape(proc)
+            assert held.value("streamwarden_inflight_requests", api="chat_completions") == 12
+            victim = proc.lines("worker_ready")[0]
+            os.kill(victim["pid"], signal.SIGKILL)
+            exited = await proc.line(lambda line: line["pid"] == victim["pid"], "worker_exited")
+            assert exited["worker"] == victim["worker"]
+            assert exited["exit"] == "SIGKILL"
+            replacement = await proc.line(
+                lambda line: line["worker"] == victim["worker"] and line["pid"] != victim["pid"], "worker_ready",
+            )
+            assert await readyz(proc) == (200, {"status": "ready", "upstream_up": True})
+            for resp in slow:
+                resp.close()
+            # The streams of the killed worker left no log line; the survivor's left as aborted.
+            await until(lambda: len(proc.lines()) == 8 + sum(1 for line in proc.lines() if line["outcome"] == "aborted")
+                        and all(line["pid"] != victim["pid"] for line in proc.lines() if line["outcome"] == "aborted"))
+            await asyncio.gather(*(ok_stream(http, proc, f"after-{i}") for i in range(16)))
+            await until(lambda: sum(1 for line in proc.lines() if line["request_id"].startswith("after-")) == 16)
+        metrics = await scrape(proc)
+    survivors_aborted = sum(1 for line in proc.lines() if line["outcome"] == "aborted")
+    assert metrics.total("streamwarden_requests_total", ("outcome",)) == {
+        ("ok",): 8 + 16, **({("aborted",): survivors_aborted} if survivors_aborted else {}),
+    }
+    # The killed worker's in-flight streams left with it (livesum over live workers), not stuck at 12.
+    assert metrics.value("streamwarden_inflight_requests", api="chat_completions") == 0
+    after_pids = {line["pid"] for line in proc.lines() if line["request_id"].startswith("after-")}
+    assert replacement["pid"] in after_pids
+
+
+async def test_sigterm_drains_every_worker(fake_upstream: FakeUpstream) -> None:
+    drain = 1.0
+    async with workers(fake_upstream.url, "--drain-timeout", str(drain)) as proc:
+        metrics_dir = proc.lines("started")[0]["metrics_dir"]
+        assert os.path.isdir(metrics_dir)
+        worker_pids = pids(proc, "worker_ready")
+        async with fresh() as http:
+            slow = await asyncio.gather(*(open_slow(http, proc, f"s-{i}", events=1, rate=10) for i in range(12)))
+            proc.signal(signal.SIGTERM)
+            status, body = await readyz(proc)
+            assert (status, body["status"]) == (503, "draining")
+
+            async def rest(resp: aiohttp.ClientResponse) -> bytes:
+                async with asyncio.timeout(WAIT):
+                    return await resp.read()
+
+            tails = await asyncio.gather(*(rest(resp) for resp in slow))
+        await until(lambda: proc.proc.poll() is not None, within=drain + 1 + 5)
+        assert proc.proc.returncode == 0
+    for tail in tails:
+        assert b'"content":"' in tail  # the stream ran on after SIGTERM
+        assert b'"code":"shutdown"' in tail
+        assert tail.endswith(b"data: [DONE]\n\n")
+    lines = proc.lines()
+    assert len(lines) == 12
+    assert {line["reason"] for line in lines} == {"shutdown"}
+    assert {line["pid"] for line in lines} == worker_pids
+    assert proc.lines("stopped")
+    assert not proc.lines("worker_exited")  # a drain is not a death: nothing is restarted
+    assert not os.path.exists(metrics_dir)
+    for pid in worker_pids:
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_a_taken_port_stops_the_supervisor_with_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}
+        done = subprocess.run(
+            [PY, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:9", "--host", "127.0.0.1",
+             "--port", str(port), "--admin-port", str(free_port()), "--workers", "2"],
+            capture_output=True, text=True, timeout=WAIT, env=env,
+        )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [line] = [orjson.loads(row) for row in done.stderr.splitlines() if "bind_failed" in row]
+    assert line["listen"] == f"127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize(("ready", "status"), [((1, 2), 503), ((2, 2), 200)])
+async def test_readyz_needs_every_worker(
+    fake_upstream: FakeUpstream, aiohttp_client: Any, ready: tuple[int, int], status: int,
+) -> None:
+    from proxy.app import open_upstream_session
+
+    state = build_state(Config(upstream=fake_upstream.url))
+    state.session = open_upstream_session(state.config)
+    try:
+        client = await aiohttp_client(build_admin_app(state, lambda: ready))
+        async with client.get("/readyz") as resp:
+            assert resp.status == status
+            body = await resp.json()
+    finally:
+        await state.session.close()
+    if status == 503:
+        assert body == {"status": "workers not ready", "upstream_up": True, "workers_ready": 1, "workers": 2}
