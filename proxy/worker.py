@@ -97,11 +97,13 @@ async def _run(boot: WorkerBoot) -> None:
     from .logs import make_logger
     from .metrics import Metrics
     from .server import Server
+    from .shared_labels import SharedModelLabels
 
     config = boot.config
     limits = raise_fd_limit()
     logger = make_logger(config.log_format, config.log_level).bind(worker=boot.index, pid=os.getpid())
     metrics = Metrics(config.model_label_limit, multiprocess_dir=boot.multiprocess_dir)
+    metrics.models = SharedModelLabels(config.model_label_limit, boot.multiprocess_dir)
     if boot.served_models is not None:
         metrics.models.set_served(list(boot.served_models))
     state = build_state(config, metrics=metrics, logger=logger)
@@ -109,7 +111,11 @@ async def _run(boot: WorkerBoot) -> None:
         config, state, max_connections=connection_limit(config.max_client_connections, limits[1]),
         admin=False, reuse_port=True,
     )
-    follower = asyncio.ensure_future(_follow_supervisor(metrics.models.set_served, server.request_stop))
+    def learn(names: list[str]) -> None:
+        metrics.models.set_served(names)
+        logger.info("upstream_models", models=len(names))
+
+    follower = asyncio.ensure_future(_follow_supervisor(learn, server.request_stop))
     try:
         await server.run(limits, on_started=_tell_ready)
     finally:

@@ -96,6 +96,21 @@ async def open_slow(http: aiohttp.ClientSession, proc: ServeProcess, rid: str, *
     return resp
 
 
+def exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def running(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def children_of(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+
+
 def pids(proc: ServeProcess, event: str) -> set[int]:
     return {line["pid"] for line in proc.lines(event)}
 
@@ -158,7 +173,7 @@ async def test_the_families_are_those_of_one_process(fake_upstream: FakeUpstream
             await ok_stream(http, one, "single")
         await until(lambda: len(one.lines()) == 1)
         single = await scrape(one)
-        children = Path(f"/proc/{one.pid}/task/{one.pid}/children").read_text().split()
+        children = children_of(one.pid)
         started = one.lines("started")[0]
     finally:
         one.stop()
@@ -219,7 +234,7 @@ async def test_sigterm_drains_every_worker(fake_upstream: FakeUpstream) -> None:
     drain = 1.0
     async with workers(fake_upstream.url, "--drain-timeout", str(drain)) as proc:
         metrics_dir = proc.lines("started")[0]["metrics_dir"]
-        assert os.path.isdir(metrics_dir)
+        assert exists(metrics_dir)
         worker_pids = pids(proc, "worker_ready")
         async with fresh() as http:
             slow = await asyncio.gather(*(open_slow(http, proc, f"s-{i}", events=1, rate=10) for i in range(12)))
@@ -244,9 +259,9 @@ async def test_sigterm_drains_every_worker(fake_upstream: FakeUpstream) -> None:
     assert {line["pid"] for line in lines} == worker_pids
     assert proc.lines("stopped")
     assert not proc.lines("worker_exited")  # a drain is not a death: nothing is restarted
-    assert not os.path.exists(metrics_dir)
+    assert not exists(metrics_dir)
     for pid in worker_pids:
-        assert not os.path.exists(f"/proc/{pid}") or "zombie" in Path(f"/proc/{pid}/status").read_text()
+        assert not running(pid)
 
 
 def test_a_taken_port_stops_the_supervisor_with_one_line() -> None:
@@ -283,3 +298,34 @@ async def test_readyz_needs_every_worker(
         await state.session.close()
     if status == 503:
         assert body == {"status": "workers not ready", "upstream_up": True, "workers_ready": 1, "workers": 2}
+
+
+async def test_model_labels_are_bounded_for_the_set(fake_upstream: FakeUpstream) -> None:
+    """One --model-label-limit for all workers, and the upstream's own names (learned by the supervisor's
+    probe) keep their label in every worker."""
+    async with workers(fake_upstream.url, "--model-label-limit", "2") as proc:
+        await scrape(proc)  # the probe learns the upstream's `fake-model` and passes it on to the workers
+        await until(lambda: len(proc.lines("upstream_models")) == 2)
+        async with fresh() as http:
+            for i in range(8):
+                body = {**body_for("chat_completions", stream=False), "model": f"junk-{i}"}
+                async with http.post(proc.url + CHAT, json=body) as resp:
+                    assert resp.status == 200
+            for _ in range(8):
+                body = {**body_for("chat_completions", stream=False), "model": "fake-model"}
+                async with http.post(proc.url + CHAT, json=body) as resp:
+                    assert resp.status == 200
+        await until(lambda: len(proc.lines()) == 16)
+        metrics = await scrape(proc)
+    assert len(pids(proc, "request")) == 2
+    assert metrics.total("streamwarden_requests_total", ("model",)) == {
+        ("junk-0",): 1, ("junk-1",): 1, ("other",): 6, ("fake-model",): 8,
+    }
+
+
+async def test_workers_leave_when_the_supervisor_is_killed(fake_upstream: FakeUpstream) -> None:
+    async with workers(fake_upstream.url, "--drain-timeout", "0") as proc:
+        worker_pids = pids(proc, "worker_ready")
+        proc.signal(signal.SIGKILL)
+        await until(lambda: not any(running(pid) for pid in worker_pids))
+        assert {line["pid"] for line in proc.lines("stopped")} == worker_pids  # each drained and said so
