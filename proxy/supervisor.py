@@ -27,7 +27,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ _FIRST_RESTART_DELAY = 0.1
 _MAX_RESTART_DELAY = 10.0
 _STABLE_SECONDS = 10.0  # a worker that lived this long resets the back-off
 _CLOSE_SECONDS = 0.25
+WORKER_ARGV = (sys.executable, "-m", "proxy.worker")
 
 
 @dataclass(slots=True)
@@ -90,13 +91,17 @@ class _ForwardedModelLabels(ModelLabels):
 class Supervisor:
     """Starts, watches, replaces and drains the workers; serves the admin port for all of them."""
 
-    def __init__(self, config: Config, multiprocess_dir: str) -> None:
+    def __init__(
+        self, config: Config, multiprocess_dir: str, *, worker_argv: Sequence[str] = WORKER_ARGV, logger: Any = None,
+    ) -> None:
         from .app import build_state, open_upstream_session
         from .metrics import Metrics
 
         self.config = config
         self.multiprocess_dir = multiprocess_dir
-        self.state = build_state(config, metrics=Metrics(config.model_label_limit, multiprocess_dir=multiprocess_dir))
+        self.worker_argv = tuple(worker_argv)
+        metrics = Metrics(config.model_label_limit, multiprocess_dir=multiprocess_dir)
+        self.state = build_state(config, metrics=metrics, logger=logger)
         self.state.session = open_upstream_session(config)
         self.slots = [_Slot(i) for i in range(config.workers)]
         self._served: tuple[str, ...] | None = None
@@ -154,6 +159,8 @@ class Supervisor:
         for slot in self.slots:
             slot.task = asyncio.ensure_future(self._keep(slot))
         await self._stop.wait()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
         if self._failed is None:
             self.logger.info("draining", workers=len(self.slots), drain_timeout=cfg.drain_timeout)
         await self._drain()
@@ -162,6 +169,10 @@ class Supervisor:
             return 1
         self.logger.info("stopped")
         return 0
+
+    def request_stop(self) -> None:
+        """As SIGTERM does: drain every worker, then stop (a second call hurries them)."""
+        self._on_signal()
 
     def _on_signal(self) -> None:
         self._signals += 1
@@ -203,7 +214,7 @@ class Supervisor:
         from .worker import READY_LINE, WorkerBoot, encode_boot
 
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy.worker",
+            *self.worker_argv,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
             env=self._env, start_new_session=True,
         )

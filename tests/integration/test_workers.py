@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import signal
 import socket
@@ -28,6 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.admin import build_admin_app
 from proxy.app import build_state
 from proxy.config import Config
+from proxy.logs import make_logger
+from proxy.supervisor import Supervisor
 from tests.conftest import FakeUpstream
 from tests.integration.test_metrics_contract import Exposition, body_for, check_label_values
 
@@ -329,3 +332,44 @@ async def test_workers_leave_when_the_supervisor_is_killed(fake_upstream: FakeUp
         proc.signal(signal.SIGKILL)
         await until(lambda: not any(running(pid) for pid in worker_pids))
         assert {line["pid"] for line in proc.lines("stopped")} == worker_pids  # each drained and said so
+
+
+def _supervisor(fake: FakeUpstream, directory: str, worker: str) -> tuple[Supervisor, io.StringIO]:
+    log = io.StringIO()
+    config = Config(upstream=fake.url, host="127.0.0.1", port=0, admin_port=0, workers=2)
+    return Supervisor(config, directory, worker_argv=[PY, "-c", worker], logger=make_logger(stream=log)), log
+
+
+def _logged(log: io.StringIO, event: str) -> list[dict[str, Any]]:
+    return [line for line in map(orjson.loads, log.getvalue().splitlines()) if line["event"] == event]
+
+
+_READ_BOOT = "import os, struct, sys; n, = struct.unpack('!I', sys.stdin.buffer.read(4)); sys.stdin.buffer.read(n); "
+
+
+async def test_workers_that_never_come_up_stop_the_supervisor(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    supervisor, log = _supervisor(fake_upstream, str(tmp_path), _READ_BOOT + "sys.exit(3)")
+    async with asyncio.timeout(WAIT):
+        assert await supervisor.run() == 1
+    failed = _logged(log, "worker_failed")
+    assert failed
+    assert failed[0]["exit"] == "code 3"
+    assert not _logged(log, "worker_exited")  # not retried: a worker that cannot start will not start later
+
+
+async def test_workers_that_keep_dying_are_restarted_with_a_back_off(
+    fake_upstream: FakeUpstream, tmp_path: Path,
+) -> None:
+    supervisor, log = _supervisor(fake_upstream, str(tmp_path), _READ_BOOT + "os.write(1, b'ready\\n'); sys.exit(5)")
+    run = asyncio.ensure_future(supervisor.run())
+    try:
+        await until(lambda: sum(1 for line in _logged(log, "worker_exited") if line["worker"] == 0) >= 3)
+    finally:
+        supervisor.request_stop()
+        async with asyncio.timeout(WAIT):
+            assert await run == 0
+    exits = [line for line in _logged(log, "worker_exited") if line["worker"] == 0]
+    assert {line["exit"] for line in exits} == {"code 5"}
+    delays = [line["restart_in_s"] for line in exits[:3]]
+    assert delays == [0.1, 0.2, 0.4]
+    assert len({line["pid"] for line in exits}) == len(exits)
