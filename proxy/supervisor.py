@@ -61,15 +61,20 @@ class _Slot:
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
-    """A bound, non-listening SO_REUSEPORT socket on (host, port): it takes no connections, only the port."""
+    """A bound, non-listening socket on (host, port): it takes no connections, only the port.
+
+    It binds *without* SO_REUSEPORT, so that a port any other socket holds (another program, or a second
+    streamwarden set whose workers would otherwise silently share it) is refused, and only then sets the
+    option, which lets this set's workers join.
+    """
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE,
     )[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     except OSError:
         sock.close()
         raise

@@ -267,8 +267,10 @@ async def test_sigterm_drains_every_worker(fake_upstream: FakeUpstream) -> None:
         assert not running(pid)
 
 
-def test_a_taken_port_stops_the_supervisor_with_one_line() -> None:
+@pytest.mark.parametrize("reuse_port", [False, True], ids=["another program", "another reuse-port set"])
+def test_a_taken_port_stops_the_supervisor_with_one_line(reuse_port: bool) -> None:
     with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(reuse_port))
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
