@@ -83,12 +83,14 @@ class ModelLabels:
 class Metrics:
     """Every streamwarden metric, registered on `registry`.
 
-    With `--workers N` every process runs in prometheus_client's multiprocess mode (the supervisor set
-    PROMETHEUS_MULTIPROC_DIR before the library was imported): values live in per-process files under
+    With `--workers N` every process runs in prometheus_client's multiprocess mode (proxy/supervisor.py
+    switches itself and starts its workers with PROMETHEUS_MULTIPROC_DIR set): values live in per-process files under
     `multiprocess_dir` and `render` sums them, so the admin port shows one set of series, exactly as one
     process would. Gauges say how: in-flight exchanges are summed over live workers (`livesum`: a dead
-    worker's exchanges are gone with it); `upstream_up` is the supervisor's probe (`max`: the workers
-    never probe and hold 0); `build_info` is 1 everywhere (`max`). Counters and histograms are summed
+    worker's exchanges are gone with it); `upstream_up` is the supervisor's probe (`livemax`: the
+    workers never probe and hold 0, so the maximum is the probe's answer; `all` would add a `pid` label);
+    `build_info` is 1 everywhere (`livemax`). Live modes, because a dead worker's gauge files are then
+    removed with it (`mark_process_dead`). Counters and histograms are summed
     over every file, a dead worker's included, so that no counter ever goes backwards.
     """
 
@@ -161,11 +163,11 @@ class Metrics:
         )
         self.upstream_up = Gauge(
             "streamwarden_upstream_up", "1 when the last upstream probe answered.", registry=r,
-            multiprocess_mode="max",
+            multiprocess_mode="livemax",
         )
         self.build_info = Gauge(
             "streamwarden_build_info", "Always 1; carries the version.", ["version"], registry=r,
-            multiprocess_mode="max",
+            multiprocess_mode="livemax",
         )
         self.build_info.labels(version=__version__).set(1)
         self.upstream_up.set(0)

@@ -267,6 +267,19 @@ async def test_sigterm_drains_every_worker(fake_upstream: FakeUpstream) -> None:
         assert not running(pid)
 
 
+async def test_a_second_sigterm_ends_the_drain_of_every_worker(fake_upstream: FakeUpstream) -> None:
+    async with workers(fake_upstream.url, "--drain-timeout", "600") as proc:
+        async with fresh() as http:
+            slow = await asyncio.gather(*(open_slow(http, proc, f"s-{i}", events=1) for i in range(8)))
+            proc.signal(signal.SIGTERM)
+            await proc.line(lambda line: True, "draining")
+            proc.signal(signal.SIGTERM)
+            tails = await asyncio.gather(*(asyncio.wait_for(resp.read(), WAIT) for resp in slow))
+        await until(lambda: proc.proc.poll() is not None)  # far sooner than the 600 s drain
+    assert all(b'"code":"shutdown"' in tail for tail in tails)
+    assert len({line["pid"] for line in proc.lines()}) == 2
+
+
 @pytest.mark.parametrize("reuse_port", [False, True], ids=["another program", "another reuse-port set"])
 def test_a_taken_port_stops_the_supervisor_with_one_line(reuse_port: bool) -> None:
     with socket.socket() as taken:
