@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import io
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -356,9 +357,11 @@ async def test_model_labels_are_bounded_for_the_set(fake_upstream: FakeUpstream)
 async def test_workers_leave_when_the_supervisor_is_killed(fake_upstream: FakeUpstream) -> None:
     async with workers(fake_upstream.url, "--drain-timeout", "0") as proc:
         worker_pids = pids(proc, "worker_ready")
+        metrics_dir = proc.lines("started")[0]["metrics_dir"]
         proc.signal(signal.SIGKILL)
         await until(lambda: not any(running(pid) for pid in worker_pids))
         assert {line["pid"] for line in proc.lines("stopped")} == worker_pids  # each drained and said so
+    shutil.rmtree(metrics_dir)  # a supervisor killed with SIGKILL cannot remove it (documented)
 
 
 def _supervisor(fake: FakeUpstream, directory: str, worker: str) -> tuple[Supervisor, io.StringIO]:
