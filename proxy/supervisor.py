@@ -28,14 +28,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
+from prometheus_client.multiprocess import mark_process_dead
 
 from . import __version__
+from .admin import build_admin_app
+from .app import build_state, open_upstream_session
 from .config import Config
-from .metrics import ModelLabels
+from .metrics import Metrics, ModelLabels
+from .worker import READY_LINE, WorkerBoot, encode_boot, encode_models
 
 __all__ = ["Supervisor", "supervise"]
 
@@ -99,9 +103,6 @@ class Supervisor:
     def __init__(
         self, config: Config, multiprocess_dir: str, *, worker_argv: Sequence[str] = WORKER_ARGV, logger: Any = None,
     ) -> None:
-        from .app import build_state, open_upstream_session
-        from .metrics import Metrics
-
         self.config = config
         self.multiprocess_dir = multiprocess_dir
         self.worker_argv = tuple(worker_argv)
@@ -111,7 +112,6 @@ class Supervisor:
         self.slots = [_Slot(i) for i in range(config.workers)]
         self._served: tuple[str, ...] | None = None
         self._stop = asyncio.Event()
-        self._signals = 0
         self._reserved: socket.socket | None = None
         self._admin: web.AppRunner | None = None
         self._worker_config = config
@@ -134,10 +134,6 @@ class Supervisor:
         return sum(1 for slot in self.slots if slot.ready), len(self.slots)
 
     async def run(self) -> int:
-        from dataclasses import replace
-
-        from .admin import build_admin_app
-
         cfg = self.config
         try:
             self._reserved = reserve_port(cfg.host, cfg.port)
@@ -180,7 +176,6 @@ class Supervisor:
         self._on_signal()
 
     def _on_signal(self) -> None:
-        self._signals += 1
         self.state.draining = True
         for slot in self.slots:
             if slot.proc is not None and slot.proc.returncode is None:
@@ -216,14 +211,14 @@ class Supervisor:
                 await asyncio.wait_for(self._stop.wait(), slot.restart_delay)
 
     async def _start(self, slot: _Slot) -> None:
-        from .worker import READY_LINE, WorkerBoot, encode_boot
-
         proc = await asyncio.create_subprocess_exec(
             *self.worker_argv,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
             env=self._env, start_new_session=True,
         )
         slot.proc, slot.started_at = proc, time.monotonic()
+        if self._stop.is_set():  # the signal came while this worker was being started: it drains too
+            proc.send_signal(signal.SIGTERM)
         assert proc.stdin is not None
         assert proc.stdout is not None
         boot = WorkerBoot(self._worker_config, slot.index, self.multiprocess_dir, self._served)
@@ -237,8 +232,6 @@ class Supervisor:
             self.logger.info("worker_ready", worker=slot.index, pid=proc.pid)
 
     def _broadcast_models(self, names: list[str]) -> None:
-        from .worker import encode_models
-
         line = encode_models(names)
         for slot in self.slots:
             proc = slot.proc
@@ -248,8 +241,6 @@ class Supervisor:
 
     def _forget(self, pid: int) -> None:
         """A dead worker's live gauges (in-flight) leave the sums; its counters stay, so none goes back."""
-        from prometheus_client.multiprocess import mark_process_dead
-
         mark_process_dead(pid, self.multiprocess_dir)  # type: ignore[no-untyped-call]
 
     async def _drain(self) -> None:

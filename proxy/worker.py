@@ -24,7 +24,13 @@ from dataclasses import dataclass
 
 import orjson
 
+from .app import build_state
 from .config import Config
+from .fdlimit import connection_limit, raise_fd_limit
+from .logs import make_logger
+from .metrics import Metrics
+from .server import Server, run_loop
+from .shared_labels import SharedModelLabels
 
 __all__ = ["READY_LINE", "WorkerBoot", "encode_boot", "encode_models", "main"]
 
@@ -92,13 +98,6 @@ def _tell_ready() -> None:
 
 
 async def _run(boot: WorkerBoot) -> None:
-    from .app import build_state
-    from .fdlimit import connection_limit, raise_fd_limit
-    from .logs import make_logger
-    from .metrics import Metrics
-    from .server import Server
-    from .shared_labels import SharedModelLabels
-
     config = boot.config
     limits = raise_fd_limit()
     logger = make_logger(config.log_format, config.log_level).bind(worker=boot.index, pid=os.getpid())
@@ -111,6 +110,7 @@ async def _run(boot: WorkerBoot) -> None:
         config, state, max_connections=connection_limit(config.max_client_connections, limits[1]),
         admin=False, reuse_port=True,
     )
+
     def learn(names: list[str]) -> None:
         metrics.models.set_served(names)
         logger.info("upstream_models", models=len(names))
@@ -124,8 +124,6 @@ async def _run(boot: WorkerBoot) -> None:
 
 
 def main() -> None:
-    from .server import run_loop
-
     run_loop(_run(_read_boot()))
 
 
