@@ -32,7 +32,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
-from prometheus_client.multiprocess import mark_process_dead
+from prometheus_client import values
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from . import __version__
 from .admin import build_admin_app
@@ -117,6 +118,7 @@ class Supervisor:
         self._worker_config = config
         self._env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": multiprocess_dir}
         self._failed: str | None = None
+        self._archive: dict[tuple[Any, ...], Any] = {}  # dead workers' counts, in this process's files
         self.state.metrics.models = _ForwardedModelLabels(config.model_label_limit, self._on_served_models)
 
     @property
@@ -240,8 +242,27 @@ class Supervisor:
                     proc.stdin.write(line)
 
     def _forget(self, pid: int) -> None:
-        """A dead worker's live gauges (in-flight) leave the sums; its counters stay, so none goes back."""
+        """A dead worker's live gauges (in-flight) leave the sums; its counters and histograms stay, so
+        none goes back, folded into the supervisor's own files: a worker that keeps dying must not
+        leave a file per death for every scrape to read."""
         mark_process_dead(pid, self.multiprocess_dir)  # type: ignore[no-untyped-call]
+        if not getattr(values.ValueClass, "_multiprocess", False):
+            return  # this process is not writing metrics files (a test's supervisor)
+        files = [os.path.join(self.multiprocess_dir, f"{kind}_{pid}.db") for kind in ("counter", "histogram")]
+        files = [path for path in files if os.path.exists(path)]
+        # Synchronous on the loop that also serves /metrics: no scrape sees a value both here and there.
+        for metric in MultiProcessCollector.merge(files, accumulate=False):  # type: ignore[no-untyped-call]
+            for sample in metric.samples:
+                if not sample.value:
+                    continue
+                names = tuple(sample.labels)
+                key = (metric.type, metric.name, sample.name, names, tuple(sample.labels[n] for n in names))
+                value = self._archive.get(key)
+                if value is None:
+                    value = self._archive[key] = values.ValueClass(*key, metric.documentation)
+                value.inc(sample.value)
+        for path in files:
+            os.remove(path)
 
     async def _drain(self) -> None:
         """Every worker drains on its own (it got SIGTERM); past its bound and a margin, it is killed."""

@@ -111,6 +111,10 @@ def running(pid: int) -> bool:
         return False
 
 
+def files_of(directory: str, pid: int) -> list[Path]:
+    return list(Path(directory).glob(f"*_{pid}.db"))
+
+
 def children_of(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
 
@@ -229,6 +233,8 @@ async def test_a_killed_worker_is_replaced_and_no_counter_goes_back(fake_upstrea
                 lambda line: line["worker"] == victim["worker"] and line["pid"] != victim["pid"], "worker_ready",
             )
             assert await readyz(proc) == (200, {"status": "ready", "upstream_up": True})
+            # The dead worker's files are folded into the supervisor's; its counts stay (checked below).
+            assert not files_of(proc.lines("started")[0]["metrics_dir"], victim["pid"])
             survivors = sum(await asyncio.gather(*(alive(resp) for resp in slow)))
             assert 0 < survivors < held  # both workers held streams (20 connections: all on one is 2^-19)
             for resp in slow:
@@ -239,6 +245,12 @@ async def test_a_killed_worker_is_replaced_and_no_counter_goes_back(fake_upstrea
             await until(lambda: sum(1 for line in proc.lines() if line["request_id"].startswith("after-")) == 16)
         metrics = await scrape(proc)
     assert metrics.total("streamwarden_requests_total", ("outcome",)) == {("ok",): 8 + 16, ("aborted",): survivors}
+    ok = {"api": "chat_completions", "outcome": "ok"}
+    assert metrics.value("streamwarden_request_duration_seconds_count", **ok) == 8 + 16
+    assert metrics.value("streamwarden_request_duration_seconds_bucket", **ok, le="+Inf") == 8 + 16
+    assert metrics.value("streamwarden_inter_token_latency_seconds_count", api="chat_completions") == 24 * (TOKENS - 1)
+    usage = metrics.total("streamwarden_tokens_total", ("source", "kind"))
+    assert usage[("usage", "completion")] == 24 * TOKENS
     # The killed worker's in-flight streams left with it (livesum over live workers), not stuck at its share.
     assert metrics.value("streamwarden_inflight_requests", api="chat_completions") == 0
     assert all(line["pid"] != victim["pid"] for line in proc.lines() if line["outcome"] == "aborted")
