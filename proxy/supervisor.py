@@ -159,15 +159,17 @@ class Supervisor:
             admin=f"{cfg.admin_listen_host}:{admin_port}", workers=len(self.slots), pid=os.getpid(),
             metrics_dir=self.multiprocess_dir,
         )
-        for slot in self.slots:
-            slot.task = asyncio.ensure_future(self._keep(slot))
-        await self._stop.wait()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        if self._failed is None:
-            self.logger.info("draining", workers=len(self.slots), drain_timeout=cfg.drain_timeout)
-        await self._drain()
-        await self._close()
+        try:
+            for slot in self.slots:
+                slot.task = asyncio.ensure_future(self._keep(slot))
+            await self._stop.wait()
+            if self._failed is None:
+                self.logger.info("draining", workers=len(self.slots), drain_timeout=cfg.drain_timeout)
+            await self._drain()  # a second signal, meanwhile, is passed on to the workers
+            await self._close()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
         if self._failed is not None:
             return 1
         self.logger.info("stopped")

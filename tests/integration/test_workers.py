@@ -47,6 +47,8 @@ async def workers(upstream: str, *flags: str) -> AsyncIterator[ServeProcess]:
         yield proc
     finally:
         proc.stop()
+    if proc.proc.returncode == 0:  # every clean exit removes the metrics directory
+        assert not exists(proc.lines("started")[0]["metrics_dir"])
 
 
 def fresh() -> aiohttp.ClientSession:
@@ -294,6 +296,7 @@ async def test_sigterm_drains_every_worker(fake_upstream: FakeUpstream) -> None:
 
 async def test_a_second_sigterm_ends_the_drain_of_every_worker(fake_upstream: FakeUpstream) -> None:
     async with workers(fake_upstream.url, "--drain-timeout", "600") as proc:
+        metrics_dir = proc.lines("started")[0]["metrics_dir"]
         async with fresh() as http:
             slow = await asyncio.gather(*(open_slow(http, proc, f"s-{i}", events=1) for i in range(8)))
             proc.signal(signal.SIGTERM)
@@ -301,8 +304,11 @@ async def test_a_second_sigterm_ends_the_drain_of_every_worker(fake_upstream: Fa
             proc.signal(signal.SIGTERM)
             tails = await asyncio.gather(*(asyncio.wait_for(resp.read(), WAIT) for resp in slow))
         await until(lambda: proc.proc.poll() is not None)  # far sooner than the 600 s drain
+        assert proc.proc.returncode == 0  # the supervisor passed the second signal on, and was not killed by it
     assert all(b'"code":"shutdown"' in tail for tail in tails)
     assert len({line["pid"] for line in proc.lines()}) == 2
+    assert len(proc.lines("stopped")) == 3  # two workers and the supervisor
+    assert not exists(metrics_dir)
 
 
 @pytest.mark.parametrize("reuse_port", [False, True], ids=["another program", "another reuse-port set"])
