@@ -149,7 +149,12 @@ class Supervisor:
         )
         await self._admin.setup()
         admin = web.TCPSite(self._admin, cfg.admin_listen_host, cfg.admin_port, reuse_address=True)
-        await admin.start()
+        try:
+            await admin.start()
+        except OSError as exc:
+            self.logger.error("bind_failed", listen=f"{cfg.admin_listen_host}:{cfg.admin_port}", error=str(exc))
+            await self._close()
+            return 1
         admin_port = self._admin.addresses[0][1]
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

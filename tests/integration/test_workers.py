@@ -311,17 +311,19 @@ async def test_a_second_sigterm_ends_the_drain_of_every_worker(fake_upstream: Fa
     assert not exists(metrics_dir)
 
 
-@pytest.mark.parametrize("reuse_port", [False, True], ids=["another program", "another reuse-port set"])
-def test_a_taken_port_stops_the_supervisor_with_one_line(reuse_port: bool) -> None:
+@pytest.mark.parametrize(("reuse_port", "which"), [(False, "--port"), (True, "--port"), (False, "--admin-port")],
+                         ids=["another program", "another reuse-port set", "the admin port"])
+def test_a_taken_port_stops_the_supervisor_with_one_line(reuse_port: bool, which: str) -> None:
     with socket.socket() as taken:
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(reuse_port))
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        ports = {"--port": free_port(), "--admin-port": free_port(), which: port}
         env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}
         done = subprocess.run(
             [PY, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:9", "--host", "127.0.0.1",
-             "--port", str(port), "--admin-port", str(free_port()), "--workers", "2"],
+             *(str(part) for item in ports.items() for part in item), "--workers", "2"],
             capture_output=True, text=True, timeout=WAIT, env=env,
         )
     assert done.returncode == 1
