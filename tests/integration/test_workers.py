@@ -26,14 +26,14 @@ import pytest
 from contract import ABORT_PHASES, APIS, CANCEL_HOOK_FAILURE_REASONS, CANCELLATION_REASONS, REWRITE_REASONS
 from hostile import PY, WAIT, ServeProcess, free_port, until
 from prometheus_client.parser import text_string_to_metric_families
+from support import FakeUpstream
+from test_metrics_contract import Exposition, body_for, check_label_values
 
 from proxy.admin import build_admin_app
 from proxy.app import build_state
 from proxy.config import Config
 from proxy.logs import make_logger
 from proxy.supervisor import Supervisor
-from tests.conftest import FakeUpstream
-from tests.integration.test_metrics_contract import Exposition, body_for, check_label_values
 
 TOKENS = 16  # the fake's default answer: 16 content events
 CHAT = "/v1/chat/completions"
@@ -319,7 +319,8 @@ def test_a_taken_port_stops_the_supervisor_with_one_line(reuse_port: bool, which
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        ports = {"--port": free_port(), "--admin-port": free_port(), which: port}
+        other = "--admin-port" if which == "--port" else "--port"
+        ports = {which: port, other: free_port()}  # `port` is held: free_port() cannot return it
         env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}
         done = subprocess.run(
             [PY, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:9", "--host", "127.0.0.1",
