@@ -44,8 +44,10 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/streamwarden demo
 
+# Direct vs nginx (when installed: apt-get install nginx) vs streamwarden; BENCH_ARGS="--b-streams 64,256 --json out.json".
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(BIN)/streamwarden bench
+	$(BIN)/streamwarden bench $(BENCH_ARGS)
 
 # Re-resolve every dependency (runtime, extras, test tools) in a fresh venv and pin the result.
 lock:

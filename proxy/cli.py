@@ -44,6 +44,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve(config)
         return 0
     if args.command == "fake-upstream":
+        if args.fast:
+            from .fake.fast import main as run_fast
+
+            run_fast(args.host, args.port)
+            return 0
         from .fake import FakeSettings, run
 
         run(args.host, args.port, FakeSettings(token_rate=args.token_rate))
@@ -55,12 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _needs_extra(exc, "demo", {"openai"})
         return run_demo(keep_running=args.keep_running)
     if args.command == "bench":
-        from .bench import run_bench
+        from .bench import options_from_args, run_bench
 
-        return run_bench(
-            args.upstream, requests=args.requests, concurrency=args.concurrency, tokens=args.tokens,
-            abandons=args.abandons,
-        )
+        try:
+            options = options_from_args(args)
+        except ValueError as exc:
+            _subparser(parser, "bench").error(str(exc))
+        return run_bench(options)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

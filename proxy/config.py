@@ -267,15 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--host", default="127.0.0.1")
     fake.add_argument("--port", type=int, default=8000)
     fake.add_argument("--token-rate", type=float, default=20.0, help="content events per second (0: no delay)")
+    fake.add_argument("--fast", action="store_true",
+                      help="the raw-asyncio chat backend of `bench` (pace from the model name: fast-20ms)")
     demo = sub.add_parser("demo", help="fake upstream + proxy + a guided tour, then exit")
     demo.add_argument("--keep-running", action="store_true", help="leave both servers up afterwards")
-    bench = sub.add_parser("bench", help="overhead: direct vs through the proxy")
-    bench.add_argument("--upstream", default=None, help="a running backend (default: the built-in fake)")
-    bench.add_argument("--requests", type=int, default=200, help="streams per side")
-    bench.add_argument("--concurrency", type=int, default=20)
-    bench.add_argument("--tokens", type=int, default=200, help="content events per stream")
-    bench.add_argument("--abandons", type=int, default=200,
-                       help="streams to abandon, timing the upstream close (built-in fake only; 0: skip)")
+    bench = sub.add_parser("bench", help="cost and latency: direct vs nginx vs streamwarden")
+    from .bench import add_arguments
+
+    add_arguments(bench)
     return parser
 
 

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import aiohttp
 import pytest
 
-from proxy.bench import SideResult, format_table, percentile
+from proxy.bench_load import Scenario, Window
+from proxy.bench_report import format_scenario, percentile, summarize
 
 PY = sys.executable
 
@@ -139,32 +144,121 @@ async def test_demo_keep_running_serves_until_ctrl_c() -> None:
     assert '"event":"request"' in (await proc.stderr.read()).decode()  # the by-hand request's log line
 
 
-def test_bench_prints_both_sides() -> None:
-    argv = [PY, "-m", "proxy", "bench", "--requests", "20", "--concurrency", "5", "--tokens", "20", "--abandons", "20"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=40)
+def _bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "proxy", "bench", *args], capture_output=True, text=True, timeout=110, env=env)
+
+
+def _table(out: str, title: str) -> list[str]:
+    """The lines of one scenario's table: its title up to the next blank line."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return lines[start:end]
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed (apt-get install nginx)")
+def test_bench_quick_measures_direct_nginx_and_streamwarden(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    done = _bench("--quick", "--json", str(out_json))
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert all(len(line) <= 80 for line in out.splitlines())
-    assert re.search(r"^\s+direct\s+through proxy\s+difference$", out, re.M)
-    assert re.search(r"^streams ok / failed\s+20 / 0\s+20 / 0$", out, re.M)
-    for row in ("wall time", "TTFT p50", "TTFT p99", "full stream p50", "full stream p99"):
-        assert re.search(rf"^{row}\s+[\d.]+ (s|ms)\s+[\d.]+ (s|ms)\s+[+-][\d.]+ (s|ms)$", out, re.M), row
-    assert re.search(r"^events/s \(incl\. \[DONE\]\)\s+[\d,]+\s+[\d,]+$", out, re.M)
-    assert re.search(r"^proxy CPU\s+-\s+[\d.]+ s$", out, re.M)
-    assert re.search(r"^proxy CPU per event\s+-\s+[\d.]+ us$", out, re.M)
-    assert re.search(r"^proxy RSS \(peak\)\s+-\s+[\d.]+ MiB \(\d+\)$", out, re.M)
-    assert re.search(r"20 abandons\none at a time .*: p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms$", out, re.M), out
-    assert re.search(r"^cost per content event\s+[\d.]+ us \([\d.]+ us in the stream loop\)$", out, re.M), out
-    pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", out)]
-    assert len(pids) == 2  # the fake upstream and the proxy, both stopped before bench exits
-    for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read()  # noqa: SIM115
+    assert "Traceback" not in out + done.stderr
+    assert [line for line in out.splitlines() if len(line) > 80 and not line.startswith("figures written to ")] == []
+    assert re.search(r"^nginx [\d.]+: proxy_buffering off, 1 worker", out, re.M), out
+    assert re.search(r"load average [\d.]+ [\d.]+ [\d.]+$", out, re.M)
+    assert re.search(r"^load average after: [\d.]+ [\d.]+ [\d.]+$", out, re.M)
+    for title, rate, requests in (("a: 8 clients", "events/s", 16), ("b: 16 concurrent", "events/s", 32),
+                                  ("c: 8 clients", "requests/s", 100)):  # fmt: skip
+        table = _table(out, title)
+        assert re.match(r"^\s+direct\s+nginx\s+streamwarden$", table[1]), table
+        assert re.match(rf"^{rate}(\s+[\d,]+){{3}}$", table[3]), table
+        rows = {line[:22].strip(): line[22:].split() for line in table[3:]}
+        assert rows["vs direct"][0] == "1.00x"
+        assert rows["ok / failed"] == [str(requests), "/", "0"] * 3
+        assert rows["CPU-us per " + ("request" if rate == "requests/s" else "event")][0] == "-"
+        assert re.fullmatch(r"[\d.]+x", rows["vs nginx"][2]), rows
+        assert re.fullmatch(r"\(\+?-?[\d.]+\)", rows["TTFB p99 ms (added)"][-1]), rows
+    abandon = _table(out, "abandon: 30 streams")
+    rows = [line.split() for line in abandon[5:8]]
+    assert [row[0] for row in rows] == ["direct", "nginx", "streamwarden"]
+    for _, closes, p50, p95, top, ended_first, never, failed in rows:
+        assert int(closes) + int(ended_first) == 10  # a third of 30, each timed unless the upstream ended first
+        assert (never, failed) == ("0", "0")
+        assert all(re.fullmatch(r"[\d.]+|-", cell) for cell in (p50, p95, top))
+    assert re.search(r"^cost per content event\s+[\d.]+ us", out, re.M)
+
+    figures = json.loads(out_json.read_text())
+    assert figures["nginx"] == re.search(r"^nginx ([\d.]+):", out, re.M).group(1)  # type: ignore[union-attr]
+    assert sorted(figures["scenarios"]) == ["a", "b16", "c"]
+    for key, unit in (("a", "event"), ("b16", "event"), ("c", "request")):
+        targets = figures["scenarios"][key]["targets"]
+        assert sorted(targets) == ["direct", "nginx", "streamwarden"]
+        assert targets["direct"]["vs_direct"] == 1.0
+        assert targets["direct"][f"cpu_us_per_{unit}"] is None
+        for name in ("nginx", "streamwarden"):
+            assert targets[name][f"cpu_us_per_{unit}"] > 0
+            assert targets[name]["failed"] == 0
+            assert targets[name]["added_ttfb_p99_ms"] is not None
+        assert targets["nginx"]["cpu_vs_nginx"] == 1.0
+    for key in ("a", "b16"):
+        assert figures["scenarios"][key]["targets"]["streamwarden"]["ttft_p50_ms"] > 0
+    assert sorted(figures["abandon"]) == ["direct", "nginx", "streamwarden"]
+    assert all(r["closes"] + r["ended_first"] == 10 and r["missed"] == 0 for r in figures["abandon"].values())
+    assert len(figures["load_average_after"]) == 3
 
 
-def test_bench_rejects_zero() -> None:
-    done = subprocess.run([PY, "-m", "proxy", "bench", "--requests", "0"], capture_output=True, text=True, timeout=20)
+def test_bench_without_nginx_says_so_and_measures_the_rest(tmp_path: Path) -> None:
+    """With no nginx on the PATH: one line saying so, and two columns."""
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nginx").exists())
+    done = _bench("--quick", "--scenarios", "c", env={**os.environ, "PATH": path})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "nginx: not on the PATH, so no reference column (apt-get install nginx)" in done.stdout
+    table = _table(done.stdout, "c: 8 clients")
+    assert re.match(r"^\s+direct\s+streamwarden$", table[1]), table
+    assert "abandon" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--b-streams", "64,x"], "--b-streams must be numbers"),
+        (["--b-streams", "0"], "--b-streams must be from 1 to 4096"),
+        (["--scenarios", "a,z"], "--scenarios must be a list of a, b, c, abandon"),
+        (["--upstream", "ftp://x"], "--upstream must be an http:// or https:// URL"),
+    ],
+)
+def test_bench_rejects_bad_flags(args: list[str], message: str) -> None:
+    done = subprocess.run([PY, "-m", "proxy", "bench", *args], capture_output=True, text=True, timeout=20)
     assert done.returncode == 2
-    assert "at least 1" in done.stderr
+    assert message in done.stderr
+
+
+def test_bench_upstream_mode_skips_the_abandon_test(tmp_path: Path) -> None:
+    """`--upstream URL` in front of a backend that is not the fast fake: direct vs proxied still measured."""
+    port = _free_port()
+    fake = subprocess.Popen([PY, "-m", "proxy", "fake-upstream", "--port", str(port), "--token-rate", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        assert fake.stdout is not None
+        assert b"listening on" in fake.stdout.readline()
+        done = _bench("--quick", "--scenarios", "c,abandon", "--upstream", f"http://127.0.0.1:{port}")
+    finally:
+        fake.terminate()
+        fake.wait(10)
+        if fake.stdout is not None:
+            fake.stdout.close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"upstream: http://127.0.0.1:{port} (direct vs proxied" in done.stdout
+    rows = _table(done.stdout, "c: 8 clients")
+    assert re.search(r"^ok / failed\s+100 / 0", "\n".join(rows), re.M), rows
+    assert "abandon test: skipped (it reads the upstream's own view of the close: built-in fake only)" in done.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.mark.parametrize(("values", "p50", "p99"), [([1.0], 1.0, 1.0), ([float(i) for i in range(1, 101)], 50.0, 99.0)])
@@ -174,11 +268,19 @@ def test_percentile_nearest_rank(values: list[float], p50: float, p99: float) ->
     assert percentile([], 50) is None
 
 
-def test_table_fits_80_columns() -> None:
-    direct = SideResult("direct", wall=1.5, ok=200, events=40600, ttft=[0.01] * 10, latency=[0.1] * 10)
-    through = SideResult("through", wall=2.0, ok=199, failed=1, events=40397, ttft=[0.02], latency=[0.2],
-                         proxy_cpu=1.25, proxy_rss=(45 * 2**20, 50 * 2**20), upstream_cpu=1.0)  # fmt: skip
-    table = format_table(direct, through)
+def test_table_fits_80_columns_and_shows_the_ratios() -> None:
+    scenario = Scenario("b256", "b: 256 concurrent streams, 20 ms per chunk", 256, 512, True, 20)
+    def window(events: int, cpu: float | None, ttft: float) -> Window:
+        return Window(wall=4.0, ok=512, events=events, ttft=[ttft] * 10, ttfe=[ttft] * 10, ttfb=[0.001] * 10,
+                      cpu=cpu, rss_idle=40 * 2**20, rss_peak=48 * 2**20, upstream_cpu=1.0, client_cpu=1.0)  # fmt: skip
+    per_target = {"direct": [window(53248, None, 0.02)], "nginx": [window(50000, 1.0, 0.021)],
+                  "streamwarden": [window(45000, 4.5, 1.52)]}  # fmt: skip
+    figures = summarize(scenario, per_target)
+    table = format_scenario(scenario, figures)
     assert all(len(line) <= 80 for line in table.splitlines())
-    assert "30.9 us" in table  # 1.25 s / 40,397 events
-    assert "199 / 1" in table
+    assert figures["streamwarden"]["cpu_us_per_event"] == pytest.approx(100.0)  # 4.5 s / 45,000 events
+    assert figures["streamwarden"]["cpu_vs_nginx"] == pytest.approx(5.0)
+    assert figures["streamwarden"]["added_ttft_p99_ms"] == pytest.approx(1500.0)
+    assert figures["nginx"]["kb_per_stream"] == pytest.approx(32.0)  # 8 MiB over 256 streams
+    assert "1520.0 (+1500.0)" in table
+    assert "5.00x" in table
