@@ -50,7 +50,7 @@ class BenchOptions:
 def add_arguments(bench: argparse.ArgumentParser) -> None:
     """The `bench` subcommand's flags (called by `config.build_parser`)."""
     bench.add_argument("--upstream", default=None,
-                       help="a running backend to measure direct vs proxied (default: the built-in fast fake)")
+                       help="a running backend's root URL: direct vs proxied (default: the built-in fast fake)")
     bench.add_argument("--rounds", type=int, default=None, help="alternated rounds, medians reported (default 3)")
     bench.add_argument("--b-streams", default="256", metavar="N[,N...]",
                        help="concurrent streams of scenario b, e.g. 64,128,256,512 (default 256)")
@@ -69,6 +69,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         upstream = URL(args.upstream)
         if upstream.scheme not in ("http", "https") or not upstream.host:
             raise ValueError(f"--upstream must be an http:// or https:// URL, got {args.upstream!r}")
+        if upstream.path not in ("", "/") or upstream.query_string:
+            raise ValueError(f"--upstream is the backend's root URL, without /v1 or any path, got {args.upstream!r}")
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if rounds < 1:
         raise ValueError("--rounds must be at least 1")

@@ -82,7 +82,7 @@ async def measure_abandons(target: Target, fake: URL, *, streams: int, delay_ms:
                 left[request_id] = client.abandon()
 
         try:
-            exchange, _ = await client.send(request, 60, on_event)
+            exchange = await client.send(request, 60, on_event)
         except OSError:
             result.failed += 1
             return

@@ -224,8 +224,8 @@ class Client:
 
     async def send(
         self, request: bytes, limit: float, on_event: Callable[[Exchange], None] | None = None
-    ) -> tuple[Exchange, float]:
-        """Write `request`, read the whole response; returns it and the monotonic time it was written.
+    ) -> Exchange:
+        """Write `request` and read the whole response (at most `limit` seconds).
 
         `on_event` is called after each read that did not end the response; it may call `abandon`."""
         if self._protocol is None or self._protocol.lost:
@@ -245,7 +245,7 @@ class Client:
             exchange.error = f"no complete response within {limit:.0f} s"
         if exchange.error is not None or not exchange.keep_alive:
             self.close()
-        return exchange, started
+        return exchange
 
     def abandon(self) -> float:
         """Close the connection now (the client leaves mid-stream); returns `time.monotonic()` of the close."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from dataclasses import dataclass, field
 
@@ -92,13 +93,8 @@ async def measure(target: Target, scenario: Scenario, model: str, upstream_pid: 
     url = target.url
     assert url.host is not None
     assert url.port is not None
-    request = build_request(f"{url.host}:{url.port}", url.path.rstrip("/") + "/v1/chat/completions",
-                            request_body(model, scenario))  # fmt: skip
-    tls = None
-    if url.scheme == "https":
-        import ssl
-
-        tls = ssl.create_default_context()
+    request = build_request(f"{url.host}:{url.port}", "/v1/chat/completions", request_body(model, scenario))
+    tls = ssl.create_default_context() if url.scheme == "https" else None
     window = Window()
     total = scenario.requests if requests is None else requests
     remaining = iter(range(total))
@@ -108,7 +104,7 @@ async def measure(target: Target, scenario: Scenario, model: str, upstream_pid: 
         try:
             for _ in remaining:
                 try:
-                    exchange, _ = await client.send(request, REQUEST_TIMEOUT)
+                    exchange = await client.send(request, REQUEST_TIMEOUT)
                 except OSError as exc:
                     exchange = Exchange(error=f"connect: {exc}")
                 _note(window, exchange)

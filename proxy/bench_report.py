@@ -47,10 +47,10 @@ def _per_target(scenario: Scenario, windows: Sequence[Window]) -> Figures:
         for pct in (50, 99):
             value = _median(windows, lambda w, n=name, p=pct: percentile(getattr(w, n), p))  # type: ignore[misc]
             out[f"{name}_p{pct}_ms"] = None if value is None else value * 1000
-    unit = "event" if scenario.stream else "request"
-    out[f"cpu_us_per_{unit}"] = _median(
-        windows, lambda w: w.cpu / (w.events if scenario.stream else w.ok) * 1e6
-        if w.cpu is not None and (w.events if scenario.stream else w.ok) else None)  # fmt: skip
+    if scenario.stream:
+        out["cpu_us_per_event"] = _median(windows, lambda w: w.cpu / w.events * 1e6
+                                          if w.cpu is not None and w.events else None)  # fmt: skip
+    out["cpu_us_per_request"] = _median(windows, lambda w: w.cpu / w.ok * 1e6 if w.cpu is not None and w.ok else None)
     out["cpu_core_share"] = _median(windows, lambda w: w.cpu / w.wall if w.cpu is not None and w.wall else None)
     peaks = [w.rss_peak for w in windows if w.rss_peak is not None]
     idle = windows[0].rss_idle if windows else None
@@ -106,6 +106,8 @@ def format_scenario(scenario: Scenario, figures: Mapping[str, Figures]) -> str:
             row(f"{name.upper()} p{pct} ms (added)", latency)
     row(f"CPU-us per {unit}", lambda n, f: _num(f[f"cpu_us_per_{unit}"], ".1f"))
     row("  vs nginx", lambda n, f: _num(f["cpu_vs_nginx"], ".2f", "x"))
+    if scenario.stream:
+        row("CPU-us per stream", lambda n, f: _num(f["cpu_us_per_request"], ",.0f"))
     row("  share of a core", lambda n, f: _num(None if f["cpu_core_share"] is None else f["cpu_core_share"] * 100,
                                                ".0f", "%"))  # fmt: skip
     if scenario.stream:

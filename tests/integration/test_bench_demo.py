@@ -226,6 +226,7 @@ def test_bench_without_nginx_says_so_and_measures_the_rest(tmp_path: Path) -> No
         (["--b-streams", "0"], "--b-streams must be from 1 to 4096"),
         (["--scenarios", "a,z"], "--scenarios must be a list of a, b, c, abandon"),
         (["--upstream", "ftp://x"], "--upstream must be an http:// or https:// URL"),
+        (["--upstream", "http://127.0.0.1:8000/v1"], "--upstream is the backend's root URL, without /v1"),
     ],
 )
 def test_bench_rejects_bad_flags(args: list[str], message: str) -> None:
