@@ -130,7 +130,11 @@ async def _targets(children: Children, upstream: URL, upstream_pid: int | None, 
     """Fresh proxies for one scenario, so that its memory growth is its own."""
     targets = [Target("direct", upstream, None)]
     if with_nginx:
-        started = await children.nginx(upstream)
+        try:
+            started = await children.nginx(upstream)
+        except RuntimeError as exc:  # the bench goes on without its reference, and says why
+            print(f"nginx did not start, so no reference column: {exc}", flush=True)
+            started = None
         if started is not None:
             targets.append(Target("nginx", started[1], started[0].proc.pid))
     proxy, url = await children.streamwarden(upstream, options.proxy_args)
@@ -234,6 +238,10 @@ def _json(options: BenchOptions, run: _Run, scenarios: Sequence[Scenario]) -> by
             "title": scenario.title, "clients": scenario.clients, "requests": scenario.requests,
             "stream": scenario.stream, "delay_ms": scenario.delay_ms,
             "targets": summarize(scenario, per_target),
+            "rounds": {name: [{"wall_s": w.wall, "ok": w.ok, "failed": w.failed, "events": w.events,
+                               "cpu_s": w.cpu, "upstream_cpu_s": w.upstream_cpu, "client_cpu_s": w.client_cpu,
+                               "rss_peak": w.rss_peak} for w in windows]
+                       for name, windows in per_target.items()},
         }  # fmt: skip
     for name, result in run.abandons.items():
         out["abandon"][name] = {  # type: ignore[index]

@@ -21,6 +21,7 @@ __all__ = ["format_abandons", "format_scenario", "percentile", "summarize"]
 Figures = dict[str, float | int | None]
 _LATENCIES = ("ttft", "ttfe", "ttfb")
 _WIDTH = 19
+SATURATED = 0.85  # a share of a core above which the upstream or the client may be the limit
 
 
 def percentile(values: Sequence[float], pct: float) -> float | None:
@@ -117,11 +118,15 @@ def format_scenario(scenario: Scenario, figures: Mapping[str, Figures]) -> str:
     row("client, core share", lambda n, f: _num(None if f["client_core_share"] is None
                                                  else f["client_core_share"] * 100, ".0f", "%"))  # fmt: skip
     row("ok / failed", lambda n, f: f"{f['ok']} / {f['failed']}")
+    roles = (("the upstream", "upstream_core_share"), ("this client", "client_core_share"))
+    notes = [f"note: {who} used {share * 100:.0f}% of a core against {n}: it may be the limit"
+             for n in names for who, key in roles
+             if isinstance(share := figures[n][key], float) and share > SATURATED]  # fmt: skip
     label_width = 80 - _WIDTH * len(names) - 1
     lines = ["", scenario.title, f"{'':<{label_width}}" + "".join(f"{n:>{_WIDTH}}" for n in names),
              "-" * (label_width + _WIDTH * len(names))]  # fmt: skip
     lines += [f"{label:<{label_width}}" + "".join(f"{c:>{_WIDTH}}" for c in cells) for label, cells in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + [note[:80] for note in notes])
 
 
 def format_abandons(streams: int, delay_ms: int, rounds: int, results: Mapping[str, AbandonResult]) -> str:

@@ -285,3 +285,13 @@ def test_table_fits_80_columns_and_shows_the_ratios() -> None:
     assert figures["nginx"]["kb_per_stream"] == pytest.approx(32.0)  # 8 MiB over 256 streams
     assert "1520.0 (+1500.0)" in table
     assert "5.00x" in table
+
+
+def test_a_saturated_upstream_or_client_is_named_under_the_table() -> None:
+    scenario = Scenario("a", "a: 32 clients, streams of 100 chunks, no delay", 32, 384, True, 0)
+    busy = Window(wall=1.0, ok=384, events=39936, cpu=0.5, upstream_cpu=0.95, client_cpu=0.2)
+    calm = Window(wall=1.0, ok=384, events=39936, cpu=0.5, upstream_cpu=0.5, client_cpu=0.9)
+    table = format_scenario(scenario, summarize(scenario, {"direct": [busy], "streamwarden": [calm]}))
+    assert "note: the upstream used 95% of a core against direct: it may be the limit" in table
+    assert "note: this client used 90% of a core against streamwarden" in table
+    assert "the upstream used 50%" not in table
