@@ -32,7 +32,8 @@ from .bench_targets import Children, Target
 
 __all__ = ["BenchOptions", "add_arguments", "options_from_args", "run_bench"]
 
-TARGETS = ("direct", "nginx", "streamwarden")
+_ABANDON = (300, 20, 100)  # streams, ms per chunk, chunks
+_ABANDON_QUICK = (30, 5, 20)
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,8 @@ def _nginx_version() -> str | None:
     return (done.stderr or done.stdout).strip().removeprefix("nginx version: ").removeprefix("nginx/") or "?"
 
 
-async def _targets(children: Children, upstream: URL, upstream_pid: int | None, options: BenchOptions,
-                   with_nginx: bool) -> list[Target]:  # fmt: skip
-    """Fresh proxies for one scenario, so that its memory growth is its own."""
+async def _targets(children: Children, upstream: URL, options: BenchOptions, with_nginx: bool) -> list[Target]:
+    """Fresh proxies (stopped with `children`), so that each scenario's memory growth is its own."""
     targets = [Target("direct", upstream, None)]
     if with_nginx:
         try:
@@ -140,6 +140,42 @@ async def _targets(children: Children, upstream: URL, upstream_pid: int | None, 
     proxy, url = await children.streamwarden(upstream, options.proxy_args)
     targets.append(Target("streamwarden", url, proxy.proc.pid))
     return targets
+
+
+def _rotated(targets: list[Target], round_: int) -> list[Target]:
+    """Each round starts with the next target, so none always runs first (or right after another)."""
+    shift = round_ % len(targets)
+    return targets[shift:] + targets[:shift]
+
+
+async def _scenario(scenario: Scenario, targets: list[Target], model: str, upstream_pid: int | None,
+                    rounds: int) -> dict[str, list[Window]]:  # fmt: skip
+    per_target: dict[str, list[Window]] = {t.name: [] for t in targets}
+    fresh: dict[str, int | None] = {}
+    for target in targets:  # warm-up: every client once; the RSS before it is the fresh one
+        warm = await measure(target, scenario, model, upstream_pid, requests=scenario.clients)
+        fresh[target.name] = warm.rss_idle
+    for round_ in range(rounds):
+        for target in _rotated(targets, round_):
+            window = await measure(target, scenario, model, upstream_pid)
+            window.rss_idle = fresh[target.name]
+            per_target[target.name].append(window)
+    return per_target
+
+
+async def _abandons(targets: list[Target], fake: URL, options: BenchOptions) -> dict[str, AbandonResult]:
+    streams, delay, tokens = _ABANDON_QUICK if options.quick else _ABANDON
+    pooled = {t.name: AbandonResult() for t in targets}
+    for round_ in range(options.rounds):
+        for target in _rotated(targets, round_):
+            got = await measure_abandons(target, fake, streams=streams, delay_ms=delay, tokens=tokens,
+                                         seed=options.seed + round_, label=f"{target.name}-{round_}")  # fmt: skip
+            pool = pooled[target.name]
+            pool.latencies = sorted(pool.latencies + got.latencies)
+            pool.missed += got.missed
+            pool.ended_first += got.ended_first
+            pool.failed += got.failed
+    return pooled
 
 
 async def _bench(options: BenchOptions, run: _Run) -> None:
@@ -155,37 +191,17 @@ async def _bench(options: BenchOptions, run: _Run) -> None:
         else:
             model = await _model(upstream)
         for scenario in _scenarios(options):
-            targets = await _targets(children, upstream, upstream_pid, options, version is not None)
-            per_target: dict[str, list[Window]] = {t.name: [] for t in targets}
-            fresh: dict[str, int | None] = {}
-            for target in targets:  # warm-up: every client once; the RSS before it is the fresh one
-                warm = await measure(target, scenario, model, upstream_pid, requests=scenario.clients)
-                fresh[target.name] = warm.rss_idle
-            for round_ in range(options.rounds):
-                order = targets[round_ % len(targets) :] + targets[: round_ % len(targets)]
-                for target in order:
-                    window = await measure(target, scenario, model, upstream_pid)
-                    window.rss_idle = fresh[target.name]
-                    per_target[target.name].append(window)
+            async with Children() as proxies:
+                targets = await _targets(proxies, upstream, options, version is not None)
+                per_target = await _scenario(scenario, targets, model, upstream_pid, options.rounds)
             run.windows[scenario.key] = per_target
             print(format_scenario(scenario, summarize(scenario, per_target)), flush=True)
         if "abandon" in options.scenarios and options.upstream is None:
-            targets = await _targets(children, upstream, upstream_pid, options, version is not None)
-            streams, delay, tokens = (30, 5, 20) if options.quick else (300, 20, 100)
-            pooled = {t.name: AbandonResult() for t in targets}
-            for round_ in range(options.rounds):
-                for target in targets[round_ % len(targets) :] + targets[: round_ % len(targets)]:
-                    got = await measure_abandons(
-                        target, upstream, streams=streams, delay_ms=delay, tokens=tokens,
-                        seed=options.seed + round_, label=f"{target.name}-{round_}",
-                    )  # fmt: skip
-                    pool = pooled[target.name]
-                    pool.latencies = sorted(pool.latencies + got.latencies)
-                    pool.missed += got.missed
-                    pool.ended_first += got.ended_first
-                    pool.failed += got.failed
-            run.abandons = pooled
-            print(format_abandons(streams, delay, options.rounds, pooled), flush=True)
+            async with Children() as proxies:
+                run.abandons = await _abandons(await _targets(proxies, upstream, options, version is not None),
+                                               upstream, options)  # fmt: skip
+            streams, delay, _ = _ABANDON_QUICK if options.quick else _ABANDON
+            print(format_abandons(streams, delay, options.rounds, run.abandons), flush=True)
         elif "abandon" in options.scenarios:
             print("abandon test: skipped (it reads the upstream's own view of the close: built-in fake only)")
     run.load_after = os.getloadavg()
