@@ -157,6 +157,7 @@ def _table(out: str, title: str) -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed (apt-get install nginx)")
+@pytest.mark.timeout(120)  # a subprocess that starts the fake, nginx and streamwarden per scenario
 def test_bench_quick_measures_direct_nginx_and_streamwarden(tmp_path: Path) -> None:
     out_json = tmp_path / "bench.json"
     done = _bench("--quick", "--json", str(out_json))
@@ -207,7 +208,8 @@ def test_bench_quick_measures_direct_nginx_and_streamwarden(tmp_path: Path) -> N
     assert len(figures["load_average_after"]) == 3
 
 
-def test_bench_without_nginx_says_so_and_measures_the_rest(tmp_path: Path) -> None:
+@pytest.mark.timeout(120)  # a subprocess that starts the fake, nginx and streamwarden per scenario
+def test_bench_without_nginx_says_so_and_measures_the_rest() -> None:
     """With no nginx on the PATH: one line saying so, and two columns."""
     path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nginx").exists())
     done = _bench("--quick", "--scenarios", "c", env={**os.environ, "PATH": path})
@@ -235,7 +237,8 @@ def test_bench_rejects_bad_flags(args: list[str], message: str) -> None:
     assert message in done.stderr
 
 
-def test_bench_upstream_mode_skips_the_abandon_test(tmp_path: Path) -> None:
+@pytest.mark.timeout(120)  # a subprocess that starts the fake, nginx and streamwarden per scenario
+def test_bench_upstream_mode_skips_the_abandon_test() -> None:
     """`--upstream URL` in front of a backend that is not the fast fake: direct vs proxied still measured."""
     port = _free_port()
     fake = subprocess.Popen([PY, "-m", "proxy", "fake-upstream", "--port", str(port), "--token-rate", "0"],
