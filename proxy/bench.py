@@ -90,20 +90,21 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 
 
 def _scenarios(options: BenchOptions) -> list[Scenario]:
+    """The shapes of issue 11; each target gets the same duration per round (b: two streams a client)."""
     quick, found = options.quick, []
     if "a" in options.scenarios:
         clients = 8 if quick else 32
         found.append(Scenario("a", f"a: {clients} clients, streams of 100 chunks, no delay",
-                              clients, clients * (2 if quick else 12), True, 0))  # fmt: skip
+                              clients, 0.3 if quick else 2.0, True, 0))  # fmt: skip
     if "b" in options.scenarios:
         for streams in options.b_streams:
             streams = min(streams, 16) if quick else streams
             delay = 2 if quick else 20
             found.append(Scenario(f"b{streams}", f"b: {streams} concurrent streams, {delay} ms per chunk",
-                                  streams, streams * 2, True, delay, 20 if quick else 100))  # fmt: skip
+                                  streams, 0.1 if quick else 2.5, True, delay, 20 if quick else 100))  # fmt: skip
     if "c" in options.scenarios:
         clients = 8 if quick else 32
-        found.append(Scenario("c", f"c: {clients} clients, non-streaming", clients, 100 if quick else 3000, False, 0))
+        found.append(Scenario("c", f"c: {clients} clients, non-streaming", clients, 0.3 if quick else 2.0, False, 0))
     return found
 
 
@@ -251,7 +252,7 @@ def _json(options: BenchOptions, run: _Run, scenarios: Sequence[Scenario]) -> by
     for key, per_target in run.windows.items():
         scenario = by_key[key]
         out["scenarios"][key] = {  # type: ignore[index]
-            "title": scenario.title, "clients": scenario.clients, "requests": scenario.requests,
+            "title": scenario.title, "clients": scenario.clients, "duration_s": scenario.duration,
             "stream": scenario.stream, "delay_ms": scenario.delay_ms,
             "targets": summarize(scenario, per_target),
             "rounds": {name: [{"wall_s": w.wall, "ok": w.ok, "failed": w.failed, "events": w.events,

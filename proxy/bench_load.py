@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ class Scenario:
     key: str  # "a", "b256", "c"
     title: str
     clients: int
-    requests: int
+    duration: float  # seconds during which clients start new requests (the last ones then finish)
     stream: bool
     delay_ms: int
     tokens: int = 100
@@ -89,20 +90,23 @@ async def _sample_rss(pid: int, window: Window, stop: asyncio.Event) -> None:
 
 async def measure(target: Target, scenario: Scenario, model: str, upstream_pid: int | None,
                   requests: int | None = None) -> Window:  # fmt: skip
-    """Run `scenario` (or `requests` of it, for a warm-up) against `target` with its clients in parallel."""
+    """Run `scenario` against `target`, its clients in parallel, for its duration (or for `requests`
+    requests in all, for a warm-up). The same duration for every target keeps the windows comparable."""
     url = target.url
     assert url.host is not None
     assert url.port is not None
     request = build_request(f"{url.host}:{url.port}", "/v1/chat/completions", request_body(model, scenario))
     tls = ssl.create_default_context() if url.scheme == "https" else None
     window = Window()
-    total = scenario.requests if requests is None else requests
-    remaining = iter(range(total))
-    clients = [Client(url.host, url.port, tls) for _ in range(min(scenario.clients, total))]
+    remaining = iter(range(requests if requests is not None else 2**62))
+    clients = [Client(url.host, url.port, tls) for _ in range(min(scenario.clients, requests or scenario.clients))]
+    deadline = time.perf_counter() + scenario.duration if requests is None else math.inf
 
     async def worker(client: Client) -> None:
         try:
             for _ in remaining:
+                if time.perf_counter() >= deadline:
+                    break
                 try:
                     exchange = await client.send(request, REQUEST_TIMEOUT)
                 except OSError as exc:

@@ -168,14 +168,16 @@ def test_bench_quick_measures_direct_nginx_and_streamwarden(tmp_path: Path) -> N
     assert re.search(r"^nginx [\d.]+: proxy_buffering off, 1 worker", out, re.M), out
     assert re.search(r"load average [\d.]+ [\d.]+ [\d.]+$", out, re.M)
     assert re.search(r"^load average after: [\d.]+ [\d.]+ [\d.]+$", out, re.M)
-    for title, rate, requests in (("a: 8 clients", "events/s", 16), ("b: 16 concurrent", "events/s", 32),
-                                  ("c: 8 clients", "requests/s", 100)):  # fmt: skip
+    for title, rate in (("a: 8 clients", "events/s"), ("b: 16 concurrent", "events/s"), ("c: 8 clients", "requests/s")):
         table = _table(out, title)
         assert re.match(r"^\s+direct\s+nginx\s+streamwarden$", table[1]), table
         assert re.match(rf"^{rate}(\s+[\d,]+){{3}}$", table[3]), table
         rows = {line[:22].strip(): line[22:].split() for line in table[3:]}
         assert rows["vs direct"][0] == "1.00x"
-        assert rows["ok / failed"] == [str(requests), "/", "0"] * 3
+        ok = rows["ok / failed"]
+        assert ok[1::3] == ["/"] * 3
+        assert ok[2::3] == ["0"] * 3  # none failed
+        assert all(int(n) > 0 for n in ok[::3]), ok
         assert rows["CPU-us per " + ("request" if rate == "requests/s" else "event")][0] == "-"
         assert re.fullmatch(r"[\d.]+x", rows["vs nginx"][2]), rows
         assert re.fullmatch(r"\(\+?-?[\d.]+\)", rows["TTFB p99 ms (added)"][-1]), rows
@@ -255,7 +257,7 @@ def test_bench_upstream_mode_skips_the_abandon_test() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"upstream: http://127.0.0.1:{port} (direct vs proxied" in done.stdout
     rows = _table(done.stdout, "c: 8 clients")
-    assert re.search(r"^ok / failed\s+100 / 0", "\n".join(rows), re.M), rows
+    assert re.search(r"^ok / failed(\s+[1-9]\d* / 0){2,3}$", "\n".join(rows), re.M), rows  # nginx too, if there
     assert "abandon test: skipped (it reads the upstream's own view of the close: built-in fake only)" in done.stdout
 
 
@@ -273,7 +275,7 @@ def test_percentile_nearest_rank(values: list[float], p50: float, p99: float) ->
 
 
 def test_table_fits_80_columns_and_shows_the_ratios() -> None:
-    scenario = Scenario("b256", "b: 256 concurrent streams, 20 ms per chunk", 256, 512, True, 20)
+    scenario = Scenario("b256", "b: 256 concurrent streams, 20 ms per chunk", 256, 2.5, True, 20)
     def window(events: int, cpu: float | None, ttft: float) -> Window:
         return Window(wall=4.0, ok=512, events=events, ttft=[ttft] * 10, ttfe=[ttft] * 10, ttfb=[0.001] * 10,
                       cpu=cpu, rss_idle=40 * 2**20, rss_peak=48 * 2**20, upstream_cpu=1.0, client_cpu=1.0)  # fmt: skip
@@ -291,7 +293,7 @@ def test_table_fits_80_columns_and_shows_the_ratios() -> None:
 
 
 def test_a_saturated_upstream_or_client_is_named_under_the_table() -> None:
-    scenario = Scenario("a", "a: 32 clients, streams of 100 chunks, no delay", 32, 384, True, 0)
+    scenario = Scenario("a", "a: 32 clients, streams of 100 chunks, no delay", 32, 2.0, True, 0)
     busy = Window(wall=1.0, ok=384, events=39936, cpu=0.5, upstream_cpu=0.95, client_cpu=0.2)
     calm = Window(wall=1.0, ok=384, events=39936, cpu=0.5, upstream_cpu=0.5, client_cpu=0.9)
     table = format_scenario(scenario, summarize(scenario, {"direct": [busy], "streamwarden": [calm]}))
