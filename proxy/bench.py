@@ -90,7 +90,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 
 
 def _scenarios(options: BenchOptions) -> list[Scenario]:
-    """The shapes of issue 11; each target gets the same duration per round (b: two streams a client)."""
+    """The shapes of issue 11: each target gets the same duration per round, except b: two waves of streams
+    at full concurrency (with a duration, a slower target would run its last seconds at less)."""
     quick, found = options.quick, []
     if "a" in options.scenarios:
         clients = 8 if quick else 32
@@ -101,7 +102,7 @@ def _scenarios(options: BenchOptions) -> list[Scenario]:
             streams = min(streams, 16) if quick else streams
             delay = 2 if quick else 20
             found.append(Scenario(f"b{streams}", f"b: {streams} concurrent streams, {delay} ms per chunk",
-                                  streams, 0.1 if quick else 2.5, True, delay, 20 if quick else 100))  # fmt: skip
+                                  streams, 0, True, delay, 20 if quick else 100, requests=2 * streams))  # fmt: skip
     if "c" in options.scenarios:
         clients = 8 if quick else 32
         found.append(Scenario("c", f"c: {clients} clients, non-streaming", clients, 0.3 if quick else 2.0, False, 0))
@@ -252,7 +253,8 @@ def _json(options: BenchOptions, run: _Run, scenarios: Sequence[Scenario]) -> by
     for key, per_target in run.windows.items():
         scenario = by_key[key]
         out["scenarios"][key] = {  # type: ignore[index]
-            "title": scenario.title, "clients": scenario.clients, "duration_s": scenario.duration,
+            "title": scenario.title, "clients": scenario.clients,
+            "duration_s": None if scenario.requests else scenario.duration, "requests": scenario.requests,
             "stream": scenario.stream, "delay_ms": scenario.delay_ms,
             "targets": summarize(scenario, per_target),
             "rounds": {name: [{"wall_s": w.wall, "ok": w.ok, "failed": w.failed, "events": w.events,

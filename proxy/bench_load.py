@@ -34,6 +34,7 @@ class Scenario:
     stream: bool
     delay_ms: int
     tokens: int = 100
+    requests: int | None = None  # instead of the duration: this many in all (b: two waves at full concurrency)
 
 
 @dataclass
@@ -98,6 +99,7 @@ async def measure(target: Target, scenario: Scenario, model: str, upstream_pid: 
     request = build_request(f"{url.host}:{url.port}", "/v1/chat/completions", request_body(model, scenario))
     tls = ssl.create_default_context() if url.scheme == "https" else None
     window = Window()
+    requests = requests or scenario.requests
     remaining = iter(range(requests if requests is not None else 2**62))
     clients = [Client(url.host, url.port, tls) for _ in range(min(scenario.clients, requests or scenario.clients))]
     deadline = time.perf_counter() + scenario.duration if requests is None else math.inf
