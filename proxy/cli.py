@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .config import ConfigError, build_parser, config_from_args
+from proxy.config import ConfigError, build_parser, config_from_args
 
 __all__ = ["main"]
 
@@ -36,31 +36,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             _subparser(parser, "serve").error(str(exc))  # usage line + one line, exit 2
         if config.workers > 1:
-            from .supervisor import supervise
+            from proxy.workers.supervisor import supervise
 
             return supervise(config)
-        from .server import serve
+        from proxy.server.serve import serve
 
         serve(config)
         return 0
     if args.command == "fake-upstream":
         if args.fast:
-            from .fake.fast import main as run_fast
+            from proxy.tools.fake.fast import main as run_fast
 
             run_fast(args.host, args.port)
             return 0
-        from .fake import FakeSettings, run
+        from proxy.tools.fake import FakeSettings, run
 
         run(args.host, args.port, FakeSettings(token_rate=args.token_rate))
         return 0
     if args.command == "demo":
         try:
-            from .demo import run_demo
+            from proxy.tools.demo import run_demo
         except ModuleNotFoundError as exc:
             return _needs_extra(exc, "demo", {"openai"})
         return run_demo(keep_running=args.keep_running)
     if args.command == "bench":
-        from .bench import options_from_args, run_bench
+        from proxy.tools.bench.run import options_from_args, run_bench
 
         try:
             options = options_from_args(args)

@@ -16,8 +16,8 @@ from typing import Any
 from aiohttp import encode_basic_auth
 from yarl import URL
 
-from . import __version__
-from .cancel_hooks import CancelHook, HookError, parse_hook
+from proxy import __version__
+from proxy.exchange.cancel_hooks import CancelHook, HookError, parse_hook
 
 __all__ = ["REPEATED_FLAGS", "SERVE_FLAGS", "Config", "ConfigError", "build_parser", "config_from_args", "parse_size"]
 
@@ -118,7 +118,7 @@ MAX_WORKERS = 256
 def _workers(text: str) -> int:
     """A count of worker processes, or `auto`: the CPUs this process may use (affinity, cgroup quota)."""
     if text.strip() == "auto":
-        from .cpus import available_cpus
+        from proxy.workers.cpus import available_cpus
 
         return available_cpus()
     if not text.strip().isdigit() or not 1 <= int(text) <= MAX_WORKERS:
@@ -212,7 +212,7 @@ class Config:
     max_buffered_body_bytes: int = 256 * 1024 * 1024
     max_event_size: int = 8 * 1024 * 1024
     cancel_hook: tuple[CancelHook, ...] = ()
-    workers: int = 1  # issue 11: more than 1 runs a supervisor (proxy/supervisor.py) and N worker processes
+    workers: int = 1  # issue 11: more than 1 runs a supervisor (proxy/workers/supervisor.py) and N worker processes
     otlp_endpoint: str | None = None  # issue 13: OpenTelemetry traces over OTLP/HTTP; None: off
 
     @property
@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="fake upstream + proxy + a guided tour, then exit")
     demo.add_argument("--keep-running", action="store_true", help="leave both servers up afterwards")
     bench = sub.add_parser("bench", help="cost and latency: direct vs nginx vs streamwarden")
-    from .bench import add_arguments
+    from proxy.tools.bench.run import add_arguments
 
     add_arguments(bench)
     return parser
@@ -320,7 +320,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
 def _otlp_endpoint(explicit: str | None, env: Mapping[str, str]) -> str | None:
     """Issue 13: --otlp-endpoint needs the otel extra; the standard OTEL_EXPORTER_OTLP_ENDPOINT is used
     when the extra is there (an OpenTelemetry Operator may set it in every pod, with or without it)."""
-    from .tracing import otel_installed
+    from proxy.observe.tracing import otel_installed
 
     if explicit is not None:
         if not otel_installed():

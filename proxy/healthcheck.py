@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .config import ConfigError, build_parser, config_from_args
+from proxy.config import ConfigError, build_parser, config_from_args
 
 __all__ = ["admin_url", "is_serve", "main"]
 

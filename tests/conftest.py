@@ -15,11 +15,11 @@ import pytest
 from aiohttp import web
 from support import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream
 
-from proxy.app import build_state
 from proxy.config import Config
-from proxy.fake import RECORDER, FakeSettings, build_app
-from proxy.logs import make_logger
-from proxy.server import Server
+from proxy.observe.logs import make_logger
+from proxy.server.app import build_state
+from proxy.server.serve import Server
+from proxy.tools.fake import RECORDER, FakeSettings, build_app
 
 
 @pytest.fixture

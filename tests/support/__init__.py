@@ -16,9 +16,9 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.fake import Recorder
-from proxy.server import Server
-from proxy.state import ProxyState
+from proxy.exchange.state import ProxyState
+from proxy.server.serve import Server
+from proxy.tools.fake import Recorder
 
 __all__ = ["AiohttpServer", "FakeUpstream", "Proxy", "ProxyFactory", "ServeUpstream", "until"]
 

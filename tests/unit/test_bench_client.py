@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.bench_cancel import abandon_plan
-from proxy.bench_client import ProtocolError, ResponseReader, build_request
+from proxy.tools.bench.cancel import abandon_plan
+from proxy.tools.bench.client import ProtocolError, ResponseReader, build_request
 
 
 def _event(payload: bytes) -> bytes:

@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.body import BodyVerdict, judge_body
-from proxy.dialects import DIALECTS, RequestInfo, Usage
+from proxy.core.body import BodyVerdict, judge_body
+from proxy.core.dialects import DIALECTS, RequestInfo, Usage
 
 JSON = "application/json"
 JSON_DIALECTS = ["chat_completions", "completions", "responses", "messages", "embeddings", "models"]

@@ -1,11 +1,11 @@
-"""Parsing and rendering of --cancel-hook templates (the calls themselves: tests/integration)."""
+"""Parsing and rendering of --cancel-hook templates (the calls themselves: tests/loopback)."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from proxy.cancel_hooks import CancelHook, HookError, parse_hook
+from proxy.exchange.cancel_hooks import CancelHook, HookError, parse_hook
 
 
 def test_llama_conversation_preset() -> None:

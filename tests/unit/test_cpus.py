@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import ConfigError, build_parser, config_from_args
-from proxy.cpus import available_cpus, cgroup_cpu_limit, parse_cfs_quota, parse_cpu_max
+from proxy.workers.cpus import available_cpus, cgroup_cpu_limit, parse_cfs_quota, parse_cpu_max
 
 V2_MOUNTS = "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n"
 V1_MOUNTS = (

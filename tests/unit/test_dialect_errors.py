@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.dialects.errors import (
+from proxy.core.dialects.errors import (
     ErrorInfo,
     anthropic_type,
     cut,

@@ -7,9 +7,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.dialects import DIALECTS, DialectStream, Kind, Usage
-from proxy.dialects.responses import ResponsesStream
-from proxy.sse import Event
+from proxy.core.dialects import DIALECTS, DialectStream, Kind, Usage
+from proxy.core.dialects.responses import ResponsesStream
+from proxy.core.sse import Event
 
 
 def ev(obj: Any, event: str | None = None) -> Event:

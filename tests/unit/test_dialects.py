@@ -9,8 +9,8 @@ import pytest
 from anthropic._streaming import SSEDecoder as AnthropicDecoder
 from openai._streaming import SSEDecoder as OpenAIDecoder
 
-from proxy.dialects import DIALECTS, Dialect, Kind, RequestInfo, for_request, inspect_request
-from proxy.sse import Event
+from proxy.core.dialects import DIALECTS, Dialect, Kind, RequestInfo, for_request, inspect_request
+from proxy.core.sse import Event
 
 ALL = sorted(DIALECTS)
 OPENAI_STREAMING = ["chat_completions", "completions", "responses", "embeddings", "models"]

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder as OpenAIDecoder
 
-from proxy.dialects import DIALECTS, Usage
-from proxy.guard import Failure, Step, StreamGuard
+from proxy.core.dialects import DIALECTS, Usage
+from proxy.core.guard import Failure, Step, StreamGuard
 
 # ---- upstream streams --------------------------------------------------------------------------
 

@@ -14,8 +14,8 @@ import openai
 import orjson
 import pytest
 
-from proxy.dialects import DIALECTS
-from proxy.guard import StreamGuard
+from proxy.core.dialects import DIALECTS
+from proxy.core.guard import StreamGuard
 
 
 def data(obj: object) -> bytes:

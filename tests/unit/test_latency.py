@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.books import ExchangeRecord, abort_phase
-from proxy.dialects import for_request
-from proxy.guard import StreamGuard
-from proxy.latency import ITL_BUCKETS, GapHistogram, TokenGaps
-from proxy.lifecycle import Lifecycle, Phase
+from proxy.core.dialects import for_request
+from proxy.core.guard import StreamGuard
+from proxy.core.latency import ITL_BUCKETS, GapHistogram, TokenGaps
+from proxy.core.lifecycle import Lifecycle, Phase
+from proxy.observe.books import ExchangeRecord, abort_phase
 
 
 def test_gaps_between_writes_and_zero_inside_one_write() -> None:
@@ -137,7 +137,7 @@ def test_steps_count_the_content_events_they_carry(split: int) -> None:
 
 def test_the_bench_measures_the_cost_per_event() -> None:
     """The figure itself belongs to `streamwarden bench`; here only that it is measured and printed."""
-    from proxy.bench_latency import format_latency_cost, measure_latency_cost
+    from proxy.tools.bench.latency import format_latency_cost, measure_latency_cost
 
     cost = measure_latency_cost(streams=20, tokens=10)
     assert cost.events == 200

@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import pytest
 
-from proxy.books import ExchangeRecord
-from proxy.dialects import DIALECTS
-from proxy.guard import StreamGuard
-from proxy.lifecycle import REASONS, Answer, Event, Lifecycle, Outcome, Phase, Reason, Reply
+from proxy.core.dialects import DIALECTS
+from proxy.core.guard import StreamGuard
+from proxy.core.lifecycle import REASONS, Answer, Event, Lifecycle, Outcome, Phase, Reason, Reply
+from proxy.observe.books import ExchangeRecord
 
 R = Reason
 
@@ -115,7 +115,7 @@ def test_transition(
 
 
 def test_every_pair_of_the_table_is_tested() -> None:
-    from proxy.lifecycle import _TABLE
+    from proxy.core.lifecycle import _TABLE
 
     tested = {(c[0], c[1]) for c in CASES}
     assert set(_TABLE) <= tested

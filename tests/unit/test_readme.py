@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from proxy.config import SERVE_FLAGS
-from proxy.fake import describe
-from proxy.metrics import Metrics
+from proxy.observe.metrics import Metrics
+from proxy.tools.fake import describe
 
 README = (Path(__file__).parents[2] / "README.md").read_text()
 
@@ -66,7 +66,7 @@ def test_the_scenario_table_is_generated_in_one_place() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_docs.py"), "--check"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    scenarios = (ROOT / "proxy" / "fake" / "scenarios.py").read_text()
+    scenarios = (ROOT / "proxy" / "tools" / "fake" / "scenarios.py").read_text()
     for row in describe():
         assert f"| `{row.name}` |" not in README, f"the README repeats the scenario table ({row.name})"
         assert not re.search(rf"^{row.name}\s{{2,}}", scenarios, re.M), "scenarios.py's docstring repeats the table"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.metrics import ModelLabels
-from proxy.shared_labels import SharedModelLabels
+from proxy.observe.metrics import ModelLabels
+from proxy.workers.shared_labels import SharedModelLabels
 
 
 def test_the_first_names_the_set_sees_keep_their_label_in_every_worker(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sse import Event, EventTooLarge, SSEReader, StatusBlock
+from proxy.core.sse import Event, EventTooLarge, SSEReader, StatusBlock
 
 BOM = b"\xef\xbb\xbf"
 Item = Event | StatusBlock

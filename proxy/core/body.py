@@ -1,0 +1,156 @@
+"""Verdicts on whole (non-stream) response bodies, design section 6.
+
+A 200 is not always a success: vLLM has answered `null` and ends choices its engine aborted with
+`finish_reason: "abort"`, backends hide error objects in 2xx bodies, and batched completions have
+come back with choices missing. Error bodies come in every backend's
+shape and as load balancers' HTML pages; the client's SDK only reads its own. This module decides,
+without I/O, whether the upstream body passes as is or is replaced by one in the dialect's shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.core.dialects import Dialect, RequestInfo, Usage
+from proxy.core.dialects.base import reported, usage_from
+from proxy.core.dialects.chat import ABORT_REASON, ABORTED
+from proxy.core.dialects.errors import ErrorCode, cut, describe_error, error_message, is_error_object, text_message
+from proxy.core.lifecycle import Reason, status_for
+
+__all__ = ["BodyVerdict", "judge_body"]
+
+_USAGE_KEYS = {
+    "chat_completions": ("prompt_tokens", "completion_tokens"),
+    "completions": ("prompt_tokens", "completion_tokens"),
+    "embeddings": ("prompt_tokens", "completion_tokens"),
+    "responses": ("input_tokens", "output_tokens"),
+    "messages": ("input_tokens", "output_tokens"),
+}
+_NOT_JSON = object()
+_CHOICE_DIALECTS = frozenset({"chat_completions", "completions"})
+
+
+@dataclass(frozen=True, slots=True)
+class BodyVerdict:
+    outcome: str
+    reason: str
+    replacement: tuple[int, bytes] | None  # (status, dialect error JSON) instead of the upstream's body
+    usage: Usage | None
+
+
+def _parse(content_type: str | None, body: bytes) -> object:
+    if content_type is not None and "html" in content_type.lower():
+        return _NOT_JSON
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return _NOT_JSON
+
+
+def judge_body(
+    dialect: Dialect, request: RequestInfo, status: int, content_type: str | None, body: bytes
+) -> BodyVerdict:
+    """Pass the upstream's response, or replace it with the dialect's error JSON, and say why."""
+    if status < 400:
+        if dialect.json_body and 200 <= status < 300 and status not in (204, 205):  # those have no body
+            return _judge_success(dialect, request, content_type, body)
+        return BodyVerdict("ok", "complete", None, None)
+    reason = "upstream_5xx" if status >= 500 else "upstream_4xx"
+    if not dialect.json_body:
+        return BodyVerdict("error", reason, None, None)
+    return BodyVerdict("error", reason, _reshape_error(dialect, status, content_type, body, reason), None)
+
+
+def _judge_success(dialect: Dialect, request: RequestInfo, content_type: str | None, body: bytes) -> BodyVerdict:
+    obj = _parse(content_type, body)
+    if obj is _NOT_JSON or not isinstance(obj, dict):
+        if not body.strip():
+            problem = "an empty body"
+        elif obj is None:
+            problem = "a null body"
+        else:
+            problem = "a body that is not a JSON object"
+        reason = Reason.INVALID_UPSTREAM_BODY
+        return _replace(dialect, status_for(reason), f"the upstream answered with {problem}", reason)
+    if is_error_object(obj):
+        info = describe_error(obj)
+        return _replace(dialect, info.status, info.message, "upstream_error_frame", info.code)
+    keys = _USAGE_KEYS.get(dialect.name)
+    usage = usage_from(obj.get("usage"), *keys) if keys else None
+    if dialect.name in _CHOICE_DIALECTS and _aborted(obj):
+        # Failed, but the tokens were generated: their usage is still booked.
+        body = dialect.error_body(ABORTED.status, ABORTED.message, ABORTED.code)
+        return BodyVerdict("error", "upstream_aborted", (ABORTED.status, body), reported(usage, *_described(obj)))
+    if dialect.name == "completions":
+        missing = _missing_choices(obj, request.prompts * request.n)
+        if missing:
+            return _replace(dialect, status_for(Reason.INCOMPLETE_BATCH), missing, Reason.INCOMPLETE_BATCH)
+    return BodyVerdict("ok", "complete", None, reported(usage, *_described(obj)))
+
+
+def _described(obj: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
+    """The answering model and the finish reasons of a whole body, in any dialect's shape (for traces)."""
+    model = obj.get("model")
+    reasons: list[str] = []
+    choices = obj.get("choices")
+    if isinstance(choices, list):  # chat and completions
+        found = (c.get("finish_reason") for c in choices if isinstance(c, dict))
+        reasons = [reason for reason in found if isinstance(reason, str)]
+    elif isinstance(obj.get("stop_reason"), str):  # messages
+        reasons = [obj["stop_reason"]]
+    elif isinstance(obj.get("status"), str) and obj.get("object") == "response":  # responses
+        details = obj.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, dict) else None
+        reasons = [reason if isinstance(reason, str) and reason else obj["status"]]
+    return (model if isinstance(model, str) and model else None), tuple(reasons)
+
+
+def _aborted(obj: dict[str, object]) -> bool:
+    """A choice vLLM ended with `finish_reason: "abort"`: the engine dropped the request midway."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return False
+    return any(isinstance(choice, dict) and choice.get("finish_reason") == ABORT_REASON for choice in choices)
+
+
+def _missing_choices(obj: dict[str, object], expected: int) -> str | None:
+    """A message naming the choice indices 0..expected-1 that the body lacks, if any."""
+    choices = obj.get("choices")
+    found: set[int] = set()
+    if isinstance(choices, list):
+        for choice in choices:
+            index = choice.get("index") if isinstance(choice, dict) else None
+            if type(index) is int:
+                found.add(index)
+    missing = [index for index in range(expected) if index not in found]
+    if not missing:
+        return None
+    count = len(choices) if isinstance(choices, list) else 0
+    names = ", ".join(map(str, missing[:50])) + (", ..." if len(missing) > 50 else "")
+    return cut(f"the upstream returned {count} of {expected} choices; missing indices: {names}")
+
+
+def _replace(dialect: Dialect, status: int, message: str, reason: str, code: ErrorCode | None = None) -> BodyVerdict:
+    return BodyVerdict("error", reason, (status, dialect.error_body(status, message, code or reason)), None)
+
+
+def _reshape_error(
+    dialect: Dialect, status: int, content_type: str | None, body: bytes, reason: str
+) -> tuple[int, bytes] | None:
+    """None when the error is already in the dialect's shape; else the same status, reshaped."""
+    obj = _parse(content_type, body)
+    code: ErrorCode | None = None
+    if isinstance(obj, dict):
+        if dialect.own_error_shape(obj):
+            return None
+        message = error_message(obj)
+        code = describe_error(obj).code
+    elif isinstance(obj, str):
+        message = cut(obj.strip()) or None
+    else:
+        message = text_message(body)
+    message = message or f"the upstream answered with HTTP {status}"
+    return status, dialect.error_body(status, message, code or reason)

@@ -1,0 +1,100 @@
+"""OpenAI data-only streams: Chat Completions and legacy Completions (and the never-streamed rest).
+
+The wire format is `data: <json>` events ended by `data: [DONE]`. Backends end badly in four ways
+this module notices: an EOF without `[DONE]` (only a truncation when some choice has no
+finish_reason yet), a `[DONE]` after a choice was cut short, a choice vLLM ended with
+`finish_reason: "abort"`, and errors in a dozen shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.core.dialects.base import DialectStream, Kind, usage_from
+from proxy.core.dialects.errors import ErrorCode, ErrorInfo, describe_error, dumps, is_error_object, openai_error
+from proxy.core.sse import Event
+
+__all__ = ["ABORTED", "ABORT_REASON", "DONE_FRAME", "ChatStream"]
+
+DONE_FRAME = b"data: [DONE]\n\n"
+# vLLM ends a choice with this non-OpenAI finish_reason when its engine aborts the request (shutdown,
+# an abort call, a sleep or scale-down pause), then sends `[DONE]`: a cut answer dressed as complete.
+ABORT_REASON = "abort"
+ABORTED = ErrorInfo(502, 'the upstream aborted the generation (finish_reason "abort")', "upstream_aborted")
+
+
+class ChatStream(DialectStream):
+    """Tracks, per choice index, whether it produced output and whether it has a finish_reason."""
+
+    __slots__ = ("_finished", "_produced", "_reasons", "_seen")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[int] = set()
+        self._finished: set[int] = set()
+        self._produced: set[int] = set()
+        self._reasons: dict[int, str] = {}
+
+    @property
+    def finished(self) -> bool:
+        return bool(self._seen) and self._seen <= self._finished
+
+    def classify_done(self) -> Kind:
+        return Kind.EARLY_DONE if self._produced - self._finished else Kind.TERMINAL
+
+    def classify_object(self, event: Event, obj: dict[str, Any]) -> Kind:
+        err = obj.get("error")
+        if err:
+            self.error = describe_error(obj)
+            # A dict under `error` is what makes the SDKs raise; anything else must be rewritten.
+            return Kind.ERROR if isinstance(err, dict) else Kind.FOREIGN
+        choices = obj.get("choices")
+        if type(choices) is not list:
+            if event.event == "error" or is_error_object(obj):
+                self.error = describe_error(obj)
+                return Kind.FOREIGN
+            return Kind.PASS
+        usage = obj.get("usage")
+        if usage:
+            self.usage = usage_from(usage, "prompt_tokens", "completion_tokens") or self.usage
+        if self.response_model is None:
+            model = obj.get("model")
+            if type(model) is str and model:
+                self.response_model = model
+        content = False
+        for choice in choices:
+            if type(choice) is not dict:
+                continue
+            index = choice.get("index", 0)
+            if type(index) is not int:
+                index = 0
+            self._seen.add(index)
+            reason = choice.get("finish_reason")
+            if reason:
+                if type(reason) is str:
+                    self._reasons[index] = reason
+                    self.finish_reasons = tuple(self._reasons[i] for i in sorted(self._reasons))
+                if reason == ABORT_REASON:
+                    self.error = ABORTED
+                    return Kind.ABORTED
+                self._finished.add(index)
+            delta = choice.get("delta")
+            if type(delta) is dict:
+                # Text is the common case; tool calls, reasoning, refusals and audio count as output too.
+                produced = bool(delta.get("content")) or any(v for k, v in delta.items() if k != "role")
+            else:
+                produced = bool(choice.get("text"))
+            if produced:
+                self._produced.add(index)
+                content = True
+        return Kind.CONTENT if content else Kind.PASS
+
+    def error_frame(self, status: int, message: str, code: ErrorCode | None = None) -> bytes:
+        error = dumps({"error": openai_error(status, message, code)})
+        return b"data: " + error + b"\n\n" + DONE_FRAME
+
+    def error_tail(self) -> bytes:
+        return DONE_FRAME
+
+    def terminal_frame(self) -> bytes | None:
+        return DONE_FRAME

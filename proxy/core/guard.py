@@ -1,0 +1,348 @@
+"""The stream guard: upstream SSE bytes in, the exact bytes to send the client (and a verdict) out.
+
+Sans-IO, like h11: the I/O loop feeds it what the upstream sent and reports EOF, resets, timeouts
+and the end of the hold window; each call returns one `Step` saying whether to commit the 200, what
+to write now and whether the stream is over. Normal streams pass byte for byte; every way a stream
+can go wrong ends on an event boundary with a frame the client's SDK raises, or, while nothing was
+committed yet, with a real HTTP status the SDK can retry (design sections 5 and 10).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+from proxy.core.dialects import Dialect, Kind, Usage
+from proxy.core.dialects.errors import ErrorCode, describe_error, error_message
+from proxy.core.lifecycle import Reason, status_for
+from proxy.core.sse import Event, EventTooLarge, SSEReader, StatusBlock
+
+__all__ = ["MAX_HELD", "Failure", "Step", "StreamGuard"]
+
+MAX_HELD = 1024 * 1024  # bytes held before the first content; the hold window ends early past it
+
+# Statuses and messages for failures the I/O layer detects (design section 10).
+# The failures the I/O layer reports, with their message; the status is the lifecycle's table's.
+_FAILURES = {
+    Reason.STREAM_CUT: "the upstream stream ended before the response was complete",
+    Reason.STALL_TIMEOUT: "the upstream sent nothing for too long",
+    Reason.SHUTDOWN: "the proxy is shutting down",
+    Reason.PROXY_ERROR: "the proxy failed while relaying the stream",  # a bug of ours; not a rewrite reason
+}
+_EARLY_DONE = "the upstream ended the stream while a choice had no finish_reason (generation cut short)"
+# End-to-end headers of a stray status block worth keeping on a real status: the SDKs' retry hints.
+_RETRY_HEADERS = {"retry-after": "Retry-After", "retry-after-ms": "retry-after-ms", "x-should-retry": "x-should-retry"}
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failure to send as a real HTTP response, because nothing was committed yet."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Step:
+    """What the I/O layer must do now, in this order: commit, write `data`, stop if `done`."""
+
+    commit: bool = False  # send the 200 status line and headers now, before `data`
+    data: bytes = b""  # bytes to write to the client now
+    done: bool = False  # the stream is over: stop reading and close the upstream connection
+    outcome: str | None = None  # when done: "ok" | "error"
+    reason: str | None = None  # when done: the design section 3 reason
+    failure: Failure | None = None  # when done before commit: send this instead of a 200
+    first_content: bool = False  # carries the first content-bearing event (time to first token)
+    content_events: int = 0  # content-bearing events in `data` (token latency)
+
+
+def _retry_headers(headers: dict[str, str]) -> dict[str, str]:
+    kept: dict[str, str] = {}
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in _RETRY_HEADERS:
+            kept[_RETRY_HEADERS[lower]] = value
+        elif lower.startswith("x-ratelimit-"):
+            kept[lower] = value
+    return kept
+
+
+def _join(parts: list[bytes]) -> bytes:
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class StreamGuard:
+    """One streamed exchange's decisions. After a step with `done`, every call returns an empty Step."""
+
+    __slots__ = (
+        "_dialect",
+        "_done",
+        "_held",
+        "_held_bytes",
+        "_held_events",
+        "_hold",
+        "_max",
+        "_max_held",
+        "_reader",
+        "_stream",
+        "committed",
+        "content_events",
+        "events",
+        "rewrites",
+        "saw_id",
+    )
+
+    def __init__(
+        self, dialect: Dialect, *, hold: bool, max_event_size: int = 8 * 1024 * 1024, max_held: int = MAX_HELD
+    ) -> None:
+        self._dialect = dialect
+        self._stream = dialect.new_stream()
+        self._reader = SSEReader(max_event_size)
+        self._max = max_event_size
+        self._hold = hold  # False: commit at the first call (the I/O layer may commit() right away)
+        self._held: list[bytes] = []  # events before the commit, sent together with it
+        self._held_bytes = 0
+        self._max_held = max_held  # past it the hold ends early: committing is always safe
+        self._held_events = 0
+        self._done = False
+        self.committed = False
+        self.events = 0  # upstream events forwarded, comments and dropped events not included
+        self.content_events = 0
+        self.rewrites: list[str] = []
+        self.saw_id = False  # an upstream `id:` line was forwarded (see `keepalive_safe`)
+
+    @property
+    def usage(self) -> Usage | None:
+        """The upstream's usage, with the model that answered and the finish reasons."""
+        return self._stream.report()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def keepalive_safe(self) -> bool:
+        """Whether a `: keep-alive` comment can be sent now.
+
+        After an `id:` line the Python SDKs turn every later blank line into an empty event, which
+        openai-python fails to parse; the Anthropic SDK skips empty events.
+        """
+        return not self.saw_id or self._dialect.anthropic
+
+    # ---- the four inputs ------------------------------------------------------------------------
+
+    def feed(self, chunk: bytes) -> Step:
+        """Upstream bytes arrived."""
+        if self._done:
+            return Step()
+        step, out = self._begin()
+        try:
+            items = self._reader.feed(chunk)
+        except EventTooLarge as exc:
+            # Deliver what was complete before the oversized event, then end on a clean boundary.
+            ended = self._consume(step, out, exc.complete)
+            if ended is not None:
+                return ended
+            message = f"an upstream event exceeded the proxy's limit of {self._max} bytes"
+            return self._error(step, out, 502, message, "stream_cut", "oversized_event")
+        return self._consume(step, out, items) or self._flush(step, out)
+
+    def end_of_stream(self) -> Step:
+        """The upstream closed cleanly (EOF); a partial last event is dropped."""
+        if self._done:
+            return Step()
+        step, out = self._begin()
+        return self._consume(step, out, self._reader.close()) or self._end(step, out)
+
+    def fail(self, reason: str) -> Step:
+        """The I/O layer detected a failure: `stream_cut`, `stall_timeout`, `shutdown` or `proxy_error`."""
+        if self._done:
+            return Step()
+        step, out = self._begin()
+        known = Reason(reason) if reason in _FAILURES else Reason.STREAM_CUT
+        message = _FAILURES[known]
+        return self._error(step, out, status_for(known), message, reason, None if reason == "proxy_error" else reason)
+
+    def commit(self) -> Step:
+        """The hold window expired: commit now and flush what was held."""
+        if self._done or self.committed:
+            return Step()
+        step = Step()
+        out: list[bytes] = []
+        self._commit(step, out)
+        if out:
+            step.data = _join(out)
+        return step
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    def _begin(self) -> tuple[Step, list[bytes]]:
+        step = Step()
+        out: list[bytes] = []
+        if not self.committed and not self._hold:
+            self._commit(step, out)
+        return step, out
+
+    def _commit(self, step: Step, out: list[bytes]) -> None:
+        step.commit = True
+        self.committed = True
+        if self._held:
+            out[:0] = self._held
+            self._held = []
+            self._held_bytes = 0
+        self.events += self._held_events
+        self._held_events = 0
+
+    def _count(self) -> None:
+        if self.committed:
+            self.events += 1
+        else:
+            self._held_events += 1
+
+    def _consume(self, step: Step, out: list[bytes], items: list[Event | StatusBlock]) -> Step | None:
+        """Act on complete items; returns the final Step if one of them ended the stream."""
+        stream = self._stream
+        for item in items:
+            if isinstance(item, StatusBlock):
+                return self._stray(step, out, item)
+            if item.id is not None:
+                self.saw_id = True
+            kind = stream.classify(item)
+            if kind is Kind.CONTENT:
+                out.append(item.raw)
+                self.content_events += 1
+                step.content_events += 1
+                if self.content_events == 1:
+                    step.first_content = True
+                if not self.committed:
+                    self._commit(step, out)
+                self.events += 1
+            elif kind is Kind.PASS:
+                out.append(item.raw)
+                self._count()
+            elif kind is Kind.COMMENT:
+                out.append(item.raw)
+            elif kind is Kind.TERMINAL:
+                # The reader ends an event at a CR; its LF (the rest of a CRLF) may be in the next
+                # read, which never happens once the stream is over, so complete the line end here.
+                raw = item.raw
+                out.append(raw + b"\n" if raw[-1:] == b"\r" else raw)
+                self._count()
+                return self._finish_ok(step, out)
+            elif kind is Kind.MALFORMED:
+                self.rewrites.append("malformed_event")
+            elif kind is Kind.END:
+                return self._end(step, out)
+            elif kind is Kind.ERROR:
+                return self._upstream_error(step, out, item.raw)
+            elif kind is Kind.FOREIGN:
+                info = stream.error
+                assert info is not None
+                reason = "upstream_error_frame"
+                return self._error(step, out, info.status, info.message, reason, "foreign_error_frame", info.code)
+            elif kind is Kind.ABORTED:
+                # The abort chunk itself is dropped (its finish_reason is not one the SDKs know).
+                info = stream.error
+                assert info is not None
+                return self._error(step, out, info.status, info.message, "upstream_aborted", "upstream_aborted")
+            else:  # Kind.EARLY_DONE
+                return self._error(step, out, 502, _EARLY_DONE, "stream_cut", "stream_cut")
+        return None
+
+    def _flush(self, step: Step, out: list[bytes]) -> Step:
+        if not self.committed and out:
+            self._held_bytes += sum(map(len, out))
+            if self._held_bytes <= self._max_held:
+                self._held.extend(out)
+                return step
+            self._commit(step, out)  # role chunks or comments without end: stop holding them
+        if out:
+            step.data = _join(out)
+        return step
+
+    def _finish(self, step: Step, outcome: str, reason: str) -> Step:
+        self._done = True
+        step.done = True
+        step.outcome = outcome
+        step.reason = reason
+        return step
+
+    def _finish_ok(self, step: Step, out: list[bytes]) -> Step:
+        if not self.committed:
+            self._commit(step, out)
+        if out:
+            step.data = _join(out)
+        return self._finish(step, "ok", "complete")
+
+    def _end(self, step: Step, out: list[bytes]) -> Step:
+        """The upstream is finished (EOF, or a `[DONE]` where another terminal was due)."""
+        stream = self._stream
+        if not stream.finished:
+            message = _FAILURES[Reason.STREAM_CUT]
+            return self._error(step, out, status_for(Reason.STREAM_CUT), message, "stream_cut", "stream_cut")
+        terminal = stream.terminal_frame()
+        if terminal is not None:
+            out.append(terminal)
+            self.rewrites.append("missing_terminal")
+        return self._finish_ok(step, out)
+
+    def _error(
+        self,
+        step: Step,
+        out: list[bytes],
+        status: int,
+        message: str,
+        reason: str,
+        rewrite: str | None,
+        code: ErrorCode | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Step:
+        """End with the dialect's error: a frame after the commit, a real status before it."""
+        if self.committed:
+            out.append(self._stream.error_frame(status, message, code or reason))
+            step.data = _join(out)
+            if rewrite is not None:
+                self.rewrites.append(rewrite)
+        else:
+            body = self._dialect.error_body(status, message, code or reason)
+            step.failure = Failure(status, body, headers or {})
+            if rewrite is not None:  # the cause counts too: alerts on stray blocks must see them
+                self.rewrites.append(rewrite)
+            self.rewrites.append("late_commit_status")
+            self._held = []
+            self._held_bytes = 0
+            self._held_events = 0
+        return self._finish(step, "error", reason)
+
+    def _upstream_error(self, step: Step, out: list[bytes], raw: bytes) -> Step:
+        """An error in the dialect's own shape: forward it and the rest of its ending, stop at once."""
+        info = self._stream.error
+        assert info is not None
+        if not self.committed:
+            return self._error(step, out, info.status, info.message, "upstream_error_frame", None, info.code)
+        out.append(raw)
+        self.events += 1
+        tail = self._stream.error_tail()
+        if tail:
+            out.append(tail)
+        step.data = _join(out)
+        return self._finish(step, "error", "upstream_error_frame")
+
+    def _stray(self, step: Step, out: list[bytes], block: StatusBlock) -> Step:
+        """An HTTP response written into the SSE body: dropped, reported with its status and message."""
+        status = block.status if 400 <= block.status <= 599 else 502
+        message: str | None = None
+        code: ErrorCode | None = None
+        try:
+            obj = orjson.loads(block.body)
+        except orjson.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            message = error_message(obj)
+            code = describe_error(obj).code
+        if not message:
+            message = block.reason or f"the upstream wrote an HTTP {block.status} response into the stream"
+        headers = _retry_headers(block.headers)
+        return self._error(step, out, status, message, "stray_http_block", "stray_http_block", code, headers)

@@ -1,0 +1,241 @@
+"""The main port's only handler: a driver that turns one exchange's I/O facts into lifecycle events.
+
+The verdict is the lifecycle's (`proxy/core/lifecycle.py`); this module only notices what happened (a
+refusal, an upstream failure, shutdown's `Interrupted`, a client write that failed, the client's
+departure, which aiohttp reports by cancelling this handler) and carries out the answer: a whole
+error response, the stream's error frame, a cut connection, a drain. The upstream response lives
+in the handler's one `try/finally`, which closes it unless it was read to its end, so a failure or a
+departed client never leaves a half-read connection in the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from proxy.core.dialects import Dialect, RequestInfo, for_request, inspect_request
+from proxy.core.guard import StreamGuard
+from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
+from proxy.exchange.body_io import respond_whole
+from proxy.exchange.client_io import ClientStalled, ClientWriter
+from proxy.exchange.drain import drain
+from proxy.exchange.failures import Refusal, UpstreamFailure, request_failure
+from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_url
+from proxy.exchange.state import ProxyState
+from proxy.exchange.stream_io import is_stream, pump_stream, send_step
+from proxy.observe.books import ExchangeRecord
+from proxy.server.connections import ClientConnection
+
+__all__ = ["client_request_id", "make_handler"]
+
+_REQUEST_ID = "X-Request-Id"
+_NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
+_REQUEST_ID_MAX = 200
+_SHUTTING_DOWN = "the proxy is shutting down"
+
+
+def client_request_id(value: str | None) -> bool:
+    """A client's X-Request-Id is used only when it is 1-200 printable ASCII characters."""
+    return value is not None and 0 < len(value) <= _REQUEST_ID_MAX and value.isascii() and value.isprintable()
+
+
+def make_handler(state: ProxyState) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """The main port's one handler (every method and path), bound to the proxy's state."""
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await handle(request, state)
+        finally:
+            # The next bytes are a new request's head only once this body was read to its end (an
+            # unread one is refused with Connection: close, and aiohttp discards the rest of it).
+            if isinstance(request.protocol, ClientConnection) and request.content.is_eof():
+                request.protocol.request_done()
+
+    return handler
+
+
+@dataclass(slots=True)
+class _Flight:
+    """What one exchange holds while it runs: its upstream request and answer, its stream guard."""
+
+    ex: ExchangeRecord
+    life: Lifecycle
+    dialect: Dialect
+    out: ClientWriter
+    interrupter: Interrupter
+    info: RequestInfo | None = None
+    sending: asyncio.Future[aiohttp.ClientResponse] | None = None
+    upstream: aiohttp.ClientResponse | None = None
+    guard: StreamGuard | None = None
+    handed_over: bool = False  # a drain task owns the upstream and the books from here on
+
+
+async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamResponse:
+    cfg = state.config
+    dialect = for_request(request.method, request.path)
+    sent_id = request.headers.get(_REQUEST_ID)
+    request_id = sent_id if sent_id is not None and client_request_id(sent_id) else uuid.uuid4().hex
+    ex = ExchangeRecord(request_id, request.method, request.path, dialect.name, request.remote)
+    if sent_id is not None and sent_id != request_id:
+        ex.client_request_id = sent_id  # logged escaped and cut; never echoed or sent upstream
+    life = Lifecycle(ex, drain_on_abandon=cfg.on_abandon == "drain")
+    flight = _Flight(ex, life, dialect, ClientWriter(request, ex, life, cfg.client_stall_timeout), Interrupter())
+    state.books.start(ex, request.headers)
+    state.track(flight.interrupter, ex)
+    try:
+        if state.draining:
+            raise Refusal(Reason.SHUTDOWN, _SHUTTING_DOWN)
+        return await _exchange(request, state, flight)
+    except Refusal as exc:
+        return _tell(flight, life.refused(exc.reason), exc.message, exc.headers, close=True)
+    except UpstreamFailure as exc:
+        return _tell(flight, life.upstream_failed(exc.reason), exc.message)
+    except Interrupted:
+        return _tell(flight, life.interrupted(), _SHUTTING_DOWN, close=True)
+    except ClientStalled:
+        life.client_stalled()
+        return flight.out.cut()
+    except ConnectionError:  # a write found the client's socket closed before aiohttp noticed the close
+        life.client_gone()
+        return flight.out.cut()
+    except asyncio.CancelledError:
+        # The client left (aiohttp cancels the handler), or shutdown's final cleanup cut this one.
+        answer = life.interrupted() if flight.interrupter.fired else life.client_gone()
+        if answer is not None and answer.drain:
+            _hand_over_to_drain(state, flight)
+        raise
+    except Exception:
+        answer = life.bug()
+        state.books.logger.exception("proxy_error", request_id=ex.request_id)
+        return await _tell_bug(flight, answer)
+    finally:
+        state.body_budget.give_back(ex.body_reserved)
+        ex.body_reserved = 0
+        if not flight.handed_over:  # (else the drain task does this when it is done)
+            _release_upstream(flight)
+            state.untrack(flight.interrupter)
+            state.books.finish(ex)
+            state.cancel_hooks.fire(ex, request.headers, state.session)  # --cancel-hook: after a cancelled upstream
+
+
+async def _exchange(request: web.BaseRequest, state: ProxyState, flight: _Flight) -> web.StreamResponse:
+    cfg, ex, life, dialect = state.config, flight.ex, flight.life, flight.dialect
+    url = upstream_url(request, state)
+    flight.interrupter.watch(request.content)
+    body = await read_body(request, cfg, state.body_budget, ex)
+    info = flight.info = inspect_request(
+        dialect, body, request.headers.get("Content-Encoding"), min(cfg.max_body_size, INFLATE_LIMIT)
+    )
+    ex.model, ex.stream = info.model, info.stream
+    headers = upstream_headers(request, state, dialect, ex)
+    data = body if body or request.method not in _NO_BODY_METHODS else None
+    sending = state.upstream_session.request(request.method, url, data=data, headers=headers, allow_redirects=False)
+    life.sent()
+    try:
+        async with asyncio.timeout(cfg.first_byte_timeout) as deadline:
+            flight.interrupter.watch_deadline(deadline)
+            if life.drain_on_abandon:  # the request must outlive this handler if its client leaves
+                flight.sending = asyncio.ensure_future(sending)
+                upstream = await asyncio.shield(flight.sending)
+            else:
+                upstream = await sending
+            flight.upstream = upstream
+    except (aiohttp.ClientError, OSError) as exc:  # (TimeoutError included: the first-byte timeout)
+        if flight.interrupter.fired:
+            raise Interrupted() from exc
+        raise request_failure(exc, cfg.connect_timeout, cfg.first_byte_timeout) from exc
+    # The body has gone upstream: its bytes no longer count against the shared bound.
+    state.body_budget.give_back(ex.body_reserved)
+    ex.body_reserved = 0
+    del body, data
+    ex.upstream_status = upstream.status
+    if not 200 <= upstream.status <= 599:  # an unrequested 101 (Upgrade is hop-by-hop, never sent), or junk
+        message = f"the upstream answered with status {upstream.status}, which is not passed on"
+        raise UpstreamFailure(Reason.BAD_UPSTREAM_RESPONSE, message)
+    stream = is_stream(upstream)
+    life.headers_received(stream=stream)
+    flight.interrupter.watch(upstream.content)
+    if stream:
+        ex.stream = True
+        flight.guard = StreamGuard(dialect, hold=cfg.hold_headers > 0, max_event_size=cfg.max_event_size)
+        return await pump_stream(upstream, flight.guard, flight.out, life, ex, cfg)
+    return await respond_whole(
+        upstream, flight.out, life, ex, dialect, info, max_body_size=cfg.max_body_size, idle_timeout=cfg.idle_timeout
+    )
+
+
+def _tell(
+    flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None, *, close: bool = False
+) -> web.StreamResponse:
+    """Carry out an ending's reply outside a stream: a whole error response, or a cut."""
+    if answer is None or answer.reply is Reply.CUT or flight.life.committed:
+        return flight.out.cut()
+    body = flight.dialect.error_body(answer.status, message, answer.reason)
+    response = flight.out.whole(answer.status, body, {_REQUEST_ID: flight.ex.request_id, **(headers or {})})
+    if close:
+        response.force_close()  # the rest of the request body is unread, or the proxy is going away
+    return response
+
+
+async def _tell_bug(flight: _Flight, answer: Answer | None) -> web.StreamResponse:
+    """A bug of ours: a 500 in the dialect's shape, an error frame in a stream, else a cut; never a traceback."""
+    guard = flight.guard
+    if guard is not None and answer is not None and answer.reply is not Reply.CUT:
+        try:
+            step = guard.fail(Reason.PROXY_ERROR)
+            if step.failure is not None or step.data:
+                response = await send_step(flight.out, web.StreamResponse(), step, flight.ex, flight.life)
+                if response is not None:
+                    return response
+                return flight.out.response or flight.out.cut()
+        except Exception:  # the guard itself is what broke, or the client is gone too
+            return flight.out.cut()
+    return _tell(flight, answer, "the proxy failed to handle the request")
+
+
+def _release_upstream(flight: _Flight) -> None:
+    """Back to the pool only when read to its end and not cancelled; otherwise the connection closes."""
+    if flight.sending is not None and not flight.sending.done():
+        flight.sending.cancel()  # the client left (or a timeout came) before the upstream answered
+    upstream = flight.upstream
+    if upstream is None:
+        return
+    ended = flight.life.ended
+    if ended is not None and ended.cancel is None and upstream.content.is_eof():
+        upstream.release()
+    else:
+        upstream.close()
+
+
+def _hand_over_to_drain(state: ProxyState, flight: _Flight) -> None:
+    """--on-abandon drain: a task reads the upstream's answer on for its usage, then writes the books."""
+    cfg, ex = state.config, flight.ex
+    answer: Awaitable[aiohttp.ClientResponse]
+    if flight.upstream is not None:
+        answer = _ready(flight.upstream)
+    elif flight.sending is not None:
+        answer = flight.sending
+    else:
+        return
+    assert flight.info is not None
+
+    def finish() -> None:
+        state.untrack(flight.interrupter)
+        state.books.finish(ex)
+
+    flight.handed_over = True
+    state.background.spawn(drain(
+        answer, ex, flight.dialect, flight.info, guard=flight.guard,
+        first_byte_timeout=cfg.first_byte_timeout, idle_timeout=cfg.idle_timeout,
+        max_body_size=cfg.max_body_size, max_event_size=cfg.max_event_size, finish=finish,
+    ))
+
+
+async def _ready(upstream: aiohttp.ClientResponse) -> aiohttp.ClientResponse:
+    return upstream

@@ -1,0 +1,92 @@
+"""The client's side of an exchange before anything goes upstream: its body, its target, its headers.
+
+The body is read as it came on the wire (a compressed one too), bounded by --max-body-size
+(checked before reading when announced), by --client-body-timeout between reads, and by the bytes
+all exchanges may hold at once (--max-buffered-body-bytes). Each bound that is hit is a `Refusal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from proxy.config import Config
+from proxy.core.dialects import Dialect
+from proxy.core.headers import request_headers
+from proxy.core.lifecycle import Reason
+from proxy.core.target import BadTarget, forwarded_target
+from proxy.exchange.body_budget import BodyBudget
+from proxy.exchange.failures import Refusal
+from proxy.exchange.state import ProxyState
+from proxy.observe.books import ExchangeRecord
+
+__all__ = ["INFLATE_LIMIT", "read_body", "upstream_headers", "upstream_url"]
+
+# A compressed body is inflated (a copy, for its model and stream flags) up to this size: inflating
+# blocks the event loop, and a small gzip can hold gigabytes. A larger one is forwarded unnoted.
+INFLATE_LIMIT = 8 * 1024 * 1024
+_OVERLOADED = "the proxy is holding too many request bodies; retry later"
+
+
+async def read_body(request: web.BaseRequest, cfg: Config, budget: BodyBudget, ex: ExchangeRecord) -> bytes:
+    limit, announced = cfg.max_body_size, request.content_length
+    if announced is not None and announced > limit:
+        raise Refusal(Reason.BODY_TOO_LARGE, f"request body of {announced} bytes exceeds the limit of {limit} bytes")
+    if announced and not await budget.take(announced):
+        raise Refusal(Reason.PROXY_OVERLOADED, _OVERLOADED, headers={"Retry-After": "1"})
+    ex.body_reserved = announced or 0
+    if request.headers.get("Expect", "").lower() == "100-continue" and request.version >= (1, 1):
+        # The proxy answers it (the upstream is sent the whole body): now, as the body is wanted.
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            async with asyncio.timeout(cfg.client_body_timeout):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            message = f"the request body stopped arriving for {cfg.client_body_timeout:g} s"
+            raise Refusal(Reason.CLIENT_TIMEOUT, message) from None
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise Refusal(Reason.BODY_TOO_LARGE, f"request body exceeds the limit of {limit} bytes")
+        if announced is None:  # chunked: reserve as it comes
+            if not await budget.take(len(chunk)):
+                raise Refusal(Reason.PROXY_OVERLOADED, _OVERLOADED, headers={"Retry-After": "1"})
+            ex.body_reserved += len(chunk)
+        chunks.append(chunk)
+
+
+def upstream_url(request: web.BaseRequest, state: ProxyState) -> URL:
+    """The configured upstream plus the client's path and query, never another host."""
+    try:
+        target = forwarded_target(request.raw_path)
+    except BadTarget as exc:
+        raise Refusal(Reason.BAD_REQUEST, str(exc)) from None
+    return URL(state.upstream_base + target, encoded=True)
+
+
+def upstream_headers(
+    request: web.BaseRequest, state: ProxyState, dialect: Dialect, ex: ExchangeRecord
+) -> CIMultiDict[str]:
+    headers = request_headers(
+        request.headers,
+        client_ip=request.remote,
+        scheme=request.scheme,
+        host=request.headers.get("Host"),
+        request_id=ex.request_id,
+    )
+    if dialect.json_body:
+        # The guard must read what the upstream sends: ask for it uncompressed. The hop is the pod's
+        # loopback, where compression saves nothing (and vLLM and llama.cpp do not compress anyway).
+        headers.popall("Accept-Encoding", None)
+    if state.upstream_authorization and "Authorization" not in headers:
+        headers["Authorization"] = state.upstream_authorization
+    state.books.propagate(ex, headers)  # the proxy's span context goes upstream
+    return headers

@@ -1,0 +1,65 @@
+"""Typed application state for the proxy app: one object under one `web.AppKey`, no globals."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from proxy.config import Config
+from proxy.exchange.background import Background
+from proxy.exchange.body_budget import BodyBudget
+from proxy.exchange.cancel_hooks import CancelHooks
+from proxy.exchange.interrupts import Interrupter
+from proxy.observe.books import Books, ExchangeRecord
+from proxy.observe.metrics import Metrics
+
+__all__ = ["ProxyState"]
+
+
+@dataclass(slots=True)
+class ProxyState:
+    """What every handler needs: settings, the upstream session, the books, and the drain switch."""
+
+    config: Config
+    metrics: Metrics
+    books: Books
+    session: aiohttp.ClientSession | None = None
+    upstream_base: str = ""  # the upstream URL without credentials
+    upstream_authorization: str | None = None  # from credentials in --upstream, for clients that send none
+    draining: bool = False
+    body_budget: BodyBudget = field(init=False)
+    live: dict[Interrupter, ExchangeRecord] = field(default_factory=dict)
+    background: Background = field(default_factory=Background)  # tasks that outlive a handler (drains)
+    cancel_hooks: CancelHooks = field(init=False)  # issue 12: --cancel-hook
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def track(self, interrupter: Interrupter, ex: ExchangeRecord) -> None:
+        self.live[interrupter] = ex
+        self.idle.clear()
+
+    def untrack(self, interrupter: Interrupter) -> None:
+        self.live.pop(interrupter, None)
+        if not self.live:
+            self.idle.set()
+
+    def __post_init__(self) -> None:
+        self.upstream_base, self.upstream_authorization = self.config.upstream_target()
+        self.body_budget = BodyBudget(self.config.max_buffered_body_bytes)
+        self.cancel_hooks = CancelHooks(self.config.cancel_hook, self.upstream_base, self.upstream_authorization,
+                                        self.metrics, self.books.logger)  # fmt: skip
+
+    def interrupt_all(self) -> int:
+        """Shutdown's drain time is over: every exchange in flight is interrupted; returns how many."""
+        for interrupter in list(self.live):
+            interrupter.fire()
+        return len(self.live)
+
+    @property
+    def upstream_session(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "the proxy app is not started"
+        return self.session
+
+
+

@@ -1,0 +1,226 @@
+"""One exchange's record and the single place where it is counted, logged and traced, exactly once.
+
+The handler moves an `ExchangeRecord` through its phases and fills in what it learns; `Books.finish`
+turns the final record into metrics, one log line and (with tracing on) one span. Nothing else writes
+the request metrics. What the books derive from the record (where an abort happened, the token
+latency of an ok stream) is decided here, from the record alone.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from proxy.core.dialects import Usage
+from proxy.core.latency import TokenGaps
+from proxy.observe.metrics import Metrics
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping
+
+    from proxy.observe.tracing import Tracing
+
+__all__ = ["Books", "ExchangeRecord", "abort_phase"]
+
+
+@dataclass(slots=True)
+class ExchangeRecord:
+    """What one request did; the fields of the `request` log line (design section 7)."""
+
+    request_id: str
+    method: str
+    path: str
+    api: str
+    client: str | None
+    started: float = field(default_factory=time.monotonic)
+    phase: str = "received"  # the lifecycle's phase; once finished, the one its verdict was taken in
+    model: str | None = None
+    stream: bool = False
+    status: int | None = None
+    upstream_status: int | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    first_content_at: float | None = None
+    events: int = 0
+    content_events: int = 0
+    bytes_out: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    upstream_cancelled: str | None = None  # cancellation reason, when the proxy cancelled the upstream
+    rewrites: list[str] = field(default_factory=list)
+    drained: bool = False  # --on-abandon drain read the upstream to its end after the client left
+    client_request_id: str | None = None  # a client's X-Request-Id that was not usable as given
+    body_reserved: int = 0  # request-body bytes this exchange holds against --max-buffered-body-bytes
+    settled_at: float | None = None  # when the verdict was fixed: the moment of an abort, even if a drain follows
+    gaps: TokenGaps | None = None  # content-event times of a stream, from its first forwarded content on
+    response_model: str | None = None  # the model the upstream says answered
+    finish_reasons: tuple[str, ...] = ()
+    booked: bool = False  # its metrics and log line are written
+    span: Any = None  # the OpenTelemetry span, when tracing is on
+
+    def record_usage(self, usage: Usage | None) -> None:
+        """The upstream's own token counts (when it gave them), and which model answered and why it stopped."""
+        if usage is not None:
+            self.prompt_tokens, self.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+            self.response_model = usage.model or self.response_model
+            self.finish_reasons = usage.finish_reasons or self.finish_reasons
+
+    def note_content(self, now: float, events: int) -> None:
+        """The stream loop forwarded `events` content-bearing events at monotonic time `now`."""
+        gaps = self.gaps
+        if gaps is None:
+            gaps = self.gaps = TokenGaps()
+        gaps.note(now, events)
+
+
+
+def abort_phase(ex: ExchangeRecord) -> str:
+    """Where the client left, from the phase the lifecycle took its verdict in: before any upstream
+    answer, before a stream's first content (held or committed), mid-stream, or during a whole body."""
+    if ex.phase == "streaming":
+        return "before_first_token" if ex.first_content_at is None else "mid_stream"
+    if ex.phase == "responding_whole":
+        return "whole_body"
+    return "before_headers"
+
+
+class Books:
+    """Writes an exchange's metrics and its log line when it finishes (and its span, with tracing on)."""
+
+    def __init__(self, metrics: Metrics, logger: Any, tracing: Tracing | None = None) -> None:
+        self.metrics = metrics
+        self.logger = logger
+        self.tracing = tracing
+
+    def start(self, ex: ExchangeRecord, headers: Mapping[str, str] | None = None) -> None:
+        """The exchange arrived; `headers` (the client's) may carry a trace context to continue."""
+        self.metrics.inflight.labels(api=ex.api).inc()
+        if self.tracing is not None:
+            self.tracing.begin(ex, headers)
+
+    def propagate(self, ex: ExchangeRecord, upstream_headers: MutableMapping[str, str]) -> None:
+        """Send the proxy's span context upstream (`traceparent`/`tracestate`), replacing the client's."""
+        if self.tracing is not None:
+            self.tracing.inject(ex, upstream_headers)
+
+    def record_refusal(self, status: int, reason: str, bytes_out: int, *, client: str | None) -> None:
+        """A connection-level refusal (bad HTTP, a header timeout, too many connections): one exchange."""
+        ex = ExchangeRecord(uuid.uuid4().hex, "-", "-", "other", client)
+        ex.status, ex.bytes_out = status, bytes_out
+        ex.outcome, ex.reason, ex.settled_at = "error", reason, time.monotonic()  # (no lifecycle: no request)
+        self.start(ex)
+        self.finish(ex)
+
+    def finish(self, ex: ExchangeRecord) -> None:
+        if ex.booked:
+            return
+        ex.booked = True
+        m = self.metrics
+        now = time.monotonic()
+        model = m.models.label(ex.model)
+        outcome, reason = ex.outcome or "error", ex.reason or "proxy_error"  # nothing settled: our bug
+        m.inflight.labels(api=ex.api).dec()
+        m.requests.labels(api=ex.api, model=model, outcome=outcome, reason=reason).inc()
+        m.duration.labels(api=ex.api, outcome=outcome).observe(now - ex.started)
+        m.upstream_responses.labels(
+            api=ex.api, code=str(ex.upstream_status) if ex.upstream_status else "none"
+        ).inc()
+        ttft = None
+        if ex.first_content_at is not None:
+            ttft = ex.first_content_at - ex.started
+            m.ttft.labels(api=ex.api, model=model).observe(ttft)
+        if ex.upstream_cancelled:
+            m.cancellations.labels(api=ex.api, reason=ex.upstream_cancelled).inc()
+        for rewrite in ex.rewrites:
+            m.rewrites.labels(api=ex.api, reason=rewrite).inc()
+        phase = self._count_abort(ex, now) if outcome == "aborted" else None
+        if outcome == "ok" and ex.gaps is not None:
+            self.count_latency(ex.api, ex.gaps)
+        usage_source = self._count_tokens(ex, model)
+        extra = {"client_request_id": ex.client_request_id} if ex.client_request_id is not None else {}
+        try:
+            self._log(ex, outcome, reason, now, ttft, usage_source, phase, extra)
+        except Exception:  # the line must never fail the request; a bare one says what was lost
+            self.logger.error("request_log_failed", request_id=ex.request_id, outcome=outcome, reason=reason)
+        if ex.span is not None and self.tracing is not None:
+            try:
+                self.tracing.end(ex, outcome, reason, phase)
+            except Exception:  # a tracing failure must never reach the client's response
+                self.logger.exception("tracing_error", request_id=ex.request_id)
+
+    def _log(
+        self,
+        ex: ExchangeRecord,
+        outcome: str,
+        reason: str,
+        now: float,
+        ttft: float | None,
+        usage_source: str | None,
+        phase: str | None,
+        extra: dict[str, str],
+    ) -> None:
+        self.logger.info(
+            "request",
+            request_id=ex.request_id,
+            method=ex.method,
+            path=ex.path,
+            api=ex.api,
+            model=ex.model,
+            stream=ex.stream,
+            status=ex.status,
+            upstream_status=ex.upstream_status,
+            outcome=outcome,
+            reason=reason,
+            duration_ms=round((now - ex.started) * 1000, 1),
+            ttft_ms=round(ttft * 1000, 1) if ttft is not None else None,
+            events=ex.events,
+            bytes_out=ex.bytes_out,
+            prompt_tokens=ex.prompt_tokens,
+            completion_tokens=ex.completion_tokens,
+            usage_source=usage_source,
+            upstream_cancelled=ex.upstream_cancelled is not None,
+            client=ex.client,
+            abort_phase=phase,
+            **extra,
+        )
+
+    def _count_abort(self, ex: ExchangeRecord, now: float) -> str:
+        """Where the client left; before any content, also how long it had waited (queueing pain)."""
+        phase = abort_phase(ex)
+        self.metrics.aborts.labels(api=ex.api, phase=phase).inc()
+        if phase in ("before_headers", "before_first_token"):
+            left = ex.settled_at if ex.settled_at is not None else now
+            self.metrics.abort_wait.labels(api=ex.api).observe(left - ex.started)
+        return phase
+
+    def count_latency(self, api: str, gaps: TokenGaps) -> None:
+        """An ok stream's gaps into the ITL histogram, and its time per output token."""
+        if gaps.gaps:
+            self.metrics.inter_token_latency.merge(api, gaps)
+        tpot = gaps.time_per_output_token()
+        if tpot is not None:
+            self.metrics.time_per_output_token.labels(api=api).observe(tpot)
+
+    def _count_tokens(self, ex: ExchangeRecord, model: str) -> str | None:
+        """Usage from the upstream where it gave it; else a stream's delivered content events, estimated.
+
+        A stream that ends early often has its prompt count (vLLM's first chunk, Anthropic's
+        `message_start`) but no completion count: the prompt is booked from usage, the completion
+        as estimated, and the log line says `estimated`.
+        """
+        tokens = self.metrics.tokens
+        source: str | None = None
+        if ex.prompt_tokens:
+            tokens.labels(api=ex.api, model=model, kind="prompt", source="usage").inc(ex.prompt_tokens)
+            source = "usage"
+        if ex.completion_tokens is not None:
+            if ex.completion_tokens:
+                tokens.labels(api=ex.api, model=model, kind="completion", source="usage").inc(ex.completion_tokens)
+            return "usage"
+        if ex.content_events:
+            ex.completion_tokens = ex.content_events
+            tokens.labels(api=ex.api, model=model, kind="completion", source="estimated").inc(ex.content_events)
+            return "estimated"
+        return source

@@ -1,0 +1,192 @@
+"""The Prometheus contract of design section 7, on a registry of its own (no process globals).
+
+Label values come from fixed sets; the request's model name, the one free-form label, is bounded by
+`ModelLabels` so that a client sending 10,000 model names cannot create 10,000 series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from proxy import __version__
+from proxy.core.latency import ITL_BUCKETS, GapHistogram
+
+__all__ = [
+    "ABORT_PHASES", "APIS", "CANCELLATION_REASONS", "CANCEL_HOOK_FAILURE_REASONS", "CONTENT_TYPE_LATEST",
+    "REWRITE_REASONS", "Metrics", "ModelLabels",
+]
+
+APIS = ("chat_completions", "completions", "responses", "messages", "embeddings", "models", "other")
+CANCELLATION_REASONS = (
+    "client_disconnect", "client_stalled", "stall_timeout", "first_byte_timeout", "shutdown", "upstream_error",
+    "cancel_hook",  # one per --cancel-hook call made, besides the close counted under the reason above
+)
+CANCEL_HOOK_FAILURE_REASONS = ("timeout", "connect_failed", "http_status", "invalid_body")
+REWRITE_REASONS = (
+    "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
+    "malformed_event", "oversized_event", "late_commit_status", "upstream_aborted",
+)
+
+# Where the client left (design section 7): the upstream had not answered yet; a stream with no content
+# yet; a stream mid-way; a whole (non-stream) response being read or written.
+ABORT_PHASES = ("before_headers", "before_first_token", "mid_stream", "whole_body")
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Time per output token of a whole stream: the ITL range, narrower at the top (an average smooths stalls).
+TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+# How long a user waited before giving up with nothing received: the TTFT range.
+ABORT_WAIT_BUCKETS = TTFT_BUCKETS
+MODEL_NAME_MAX = 100
+
+
+MAX_UPSTREAM_MODELS = 1000
+
+
+class ModelLabels:
+    """The models the upstream serves always keep their label; other names share `limit` slots.
+
+    Without the upstream's list, the first `limit` names a client sends would own the labels for
+    the life of the process, and junk sent early would turn every real model into `other`.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+        self._served: frozenset[str] = frozenset()
+
+    def set_served(self, names: list[str]) -> None:
+        """The upstream's own model names (its `/v1/models`), refreshed with the readiness probe."""
+        self._served = frozenset(name[:MODEL_NAME_MAX] for name in names[:MAX_UPSTREAM_MODELS])
+
+    def label(self, model: str | None) -> str:
+        if not model:
+            return "unknown"
+        name = model[:MODEL_NAME_MAX]
+        if name in self._served or name in self._seen:
+            return name
+        if len(self._seen) >= self._limit:
+            return "other"
+        self._seen.add(name)
+        return name
+
+
+class Metrics:
+    """Every streamwarden metric, registered on `registry`.
+
+    With `--workers N` every process runs in prometheus_client's multiprocess mode (proxy/workers/supervisor.py
+    switches itself and starts its workers with PROMETHEUS_MULTIPROC_DIR set): values live in per-process files under
+    `multiprocess_dir` and `render` sums them, so the admin port shows one set of series, exactly as one
+    process would. Gauges say how: in-flight exchanges are summed over live workers (`livesum`: a dead
+    worker's exchanges are gone with it); `upstream_up` is the supervisor's probe (`livemax`: the
+    workers never probe and hold 0, so the maximum is the probe's answer; `all` would add a `pid` label);
+    `build_info` is 1 everywhere (`livemax`). Live modes, because a dead worker's gauge files are then
+    removed with it (`mark_process_dead`). Counters and histograms are summed
+    over every file, a dead worker's included, so that no counter ever goes backwards.
+    """
+
+    def __init__(
+        self, model_label_limit: int = 50, registry: CollectorRegistry | None = None,
+        multiprocess_dir: str | None = None,
+    ) -> None:
+        # The contract is the families of design section 7 (plus issue 12's hook failures); prometheus_client
+        # would add a `*_created` gauge per counter and histogram series. (A library-wide switch, set once.)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.multiprocess_dir = multiprocess_dir
+        self.models = ModelLabels(model_label_limit)
+        r = self.registry
+        self.requests = Counter(
+            "streamwarden_requests", "Exchanges by final outcome and reason.",
+            ["api", "model", "outcome", "reason"], registry=r,
+        )
+        self.duration = Histogram(
+            "streamwarden_request_duration_seconds", "From request arrival to the end of the exchange.",
+            ["api", "outcome"], buckets=DURATION_BUCKETS, registry=r,
+        )
+        self.ttft = Histogram(
+            "streamwarden_time_to_first_token_seconds",
+            "From request arrival to the first upstream event carrying generated content.",
+            ["api", "model"], buckets=TTFT_BUCKETS, registry=r,
+        )
+        self.inflight = Gauge(
+            "streamwarden_inflight_requests", "Exchanges in progress.", ["api"], registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.upstream_responses = Counter(
+            "streamwarden_upstream_responses", "Upstream response statuses (code=none: no response).",
+            ["api", "code"], registry=r,
+        )
+        self.cancellations = Counter(
+            "streamwarden_upstream_cancellations", "Upstream requests the proxy cancelled, by why.",
+            ["api", "reason"], registry=r,
+        )
+        self.cancel_hook_failures = Counter(
+            "streamwarden_cancel_hook_failures", "--cancel-hook calls that failed, by how.",
+            ["api", "reason"], registry=r,
+        )
+        self.rewrites = Counter(
+            "streamwarden_stream_rewrites", "Changes the proxy made to what the upstream sent, by why.",
+            ["api", "reason"], registry=r,
+        )
+        self.tokens = Counter(
+            "streamwarden_tokens", "Tokens by kind, from the upstream's usage or estimated from delivered events.",
+            ["api", "model", "kind", "source"], registry=r,
+        )
+        self.inter_token_latency = GapHistogram(
+            "streamwarden_inter_token_latency_seconds",
+            "Gaps between consecutive content-bearing events of ok streams, as the proxy forwarded them.",
+            ITL_BUCKETS, multiprocess=multiprocess_dir is not None,
+        )
+        r.register(self.inter_token_latency)
+        self.time_per_output_token = Histogram(
+            "streamwarden_time_per_output_token_seconds",
+            "Per ok stream: (last content - first content) / (content events - 1).",
+            ["api"], buckets=TPOT_BUCKETS, registry=r,
+        )
+        self.aborts = Counter(
+            "streamwarden_aborts", "Exchanges the client abandoned, by where it left.", ["api", "phase"], registry=r,
+        )
+        self.abort_wait = Histogram(
+            "streamwarden_abort_wait_seconds",
+            "From arrival to the abort, for aborts before the first token (before_headers, before_first_token).",
+            ["api"], buckets=ABORT_WAIT_BUCKETS, registry=r,
+        )
+        self.upstream_up = Gauge(
+            "streamwarden_upstream_up", "1 when the last upstream probe answered.", registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.build_info = Gauge(
+            "streamwarden_build_info", "Always 1; carries the version.", ["version"], registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.build_info.labels(version=__version__).set(1)
+        self.upstream_up.set(0)
+        # Series that alerts take `increase()` of must exist at 0 before their first event, or the
+        # first stall or stray block of a pod would never be seen. These label sets are fixed.
+        for api in APIS:
+            self.inflight.labels(api=api)
+            for reason in REWRITE_REASONS:
+                self.rewrites.labels(api=api, reason=reason)
+            for reason in CANCELLATION_REASONS:
+                self.cancellations.labels(api=api, reason=reason)
+            for phase in ABORT_PHASES:
+                self.aborts.labels(api=api, phase=phase)
+            for reason in CANCEL_HOOK_FAILURE_REASONS:
+                self.cancel_hook_failures.labels(api=api, reason=reason)
+
+    def render(self) -> bytes:
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(merged)

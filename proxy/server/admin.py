@@ -1,0 +1,140 @@
+"""The admin port: /metrics, /healthz, /readyz. Kept off the main port so every path there is the
+upstream's (a backend's own /metrics or /health stays reachable through the proxy)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.exchange.state import ProxyState
+from proxy.observe.metrics import CONTENT_TYPE_LATEST
+
+__all__ = ["PROBE_CACHE_SECONDS", "PROBE_TIMEOUT_SECONDS", "UpstreamProbe", "build_admin_app"]
+
+PROBE_TIMEOUT_SECONDS = 2.0
+PROBE_CACHE_SECONDS = 2.0
+
+
+MODELS_PATH = "/v1/models"
+_MODELS_BODY_MAX = 1024 * 1024
+
+
+def served_models(body: bytes) -> list[str] | None:
+    """The model ids of an OpenAI `/v1/models` answer; None when it is not one."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [item["id"] for item in data if isinstance(item, dict) and isinstance(item.get("id"), str)]
+
+
+async def _bounded_body(resp: aiohttp.ClientResponse) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < _MODELS_BODY_MAX:
+        chunk = await resp.content.readany()
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+class UpstreamProbe:
+    """`GET <upstream><health-path>`: up when it answers below 500 within 2 s; cached for 2 s.
+
+    The same probe learns the upstream's model names (from `/v1/models`), so that those keep their
+    own metric label whatever names clients send.
+    """
+
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+        self._checked_at = -PROBE_CACHE_SECONDS
+        self._up = False
+        self._lock = asyncio.Lock()
+
+    async def is_up(self) -> bool:
+        async with self._lock:  # one probe at a time; callers during it share its answer
+            if time.monotonic() - self._checked_at >= PROBE_CACHE_SECONDS:
+                self._up = await self._probe()
+                self._checked_at = time.monotonic()
+                self.state.metrics.upstream_up.set(1 if self._up else 0)
+            return self._up
+
+    async def _probe(self) -> bool:
+        path = self.state.config.health_path
+        status, body = await self._get(path)
+        up = status is not None and status < 500
+        if up and path != MODELS_PATH:
+            status, body = await self._get(MODELS_PATH)
+        names = served_models(body) if status == 200 else None
+        if names is not None:
+            self.state.metrics.models.set_served(names)
+        return up
+
+    async def _get(self, path: str) -> tuple[int | None, bytes]:
+        """(status, up to 1 MiB of the body); (None, b"") when the upstream did not answer in time."""
+        state = self.state
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
+        headers = {"Authorization": state.upstream_authorization} if state.upstream_authorization else None
+        try:
+            async with state.upstream_session.get(
+                state.upstream_base + path, timeout=timeout, allow_redirects=False, headers=headers
+            ) as resp:
+                return resp.status, await _bounded_body(resp) if resp.status == 200 else b""
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None, b""
+
+
+# `--workers N`: (workers ready, workers wanted), from the supervisor; absent for one process.
+WorkerCount = Callable[[], tuple[int, int]]
+
+PROBE: web.AppKey[UpstreamProbe] = web.AppKey("streamwarden_probe", UpstreamProbe)
+ADMIN_STATE: web.AppKey[ProxyState] = web.AppKey("streamwarden_admin_state", ProxyState)
+WORKERS: web.AppKey[WorkerCount] = web.AppKey("streamwarden_workers")
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    state = request.app[ADMIN_STATE]
+    up = await request.app[PROBE].is_up()
+    if state.draining:
+        return web.json_response({"status": "draining", "upstream_up": up}, status=503)
+    workers = request.app.get(WORKERS)
+    if workers is not None:
+        ready, wanted = workers()
+        if ready < wanted:
+            body = {"status": "workers not ready", "upstream_up": up, "workers_ready": ready, "workers": wanted}
+            return web.json_response(body, status=503)
+    if not up:
+        return web.json_response({"status": "upstream unavailable", "upstream_up": False}, status=503)
+    return web.json_response({"status": "ready", "upstream_up": True})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    await request.app[PROBE].is_up()
+    body = request.app[ADMIN_STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def build_admin_app(state: ProxyState, workers: WorkerCount | None = None) -> web.Application:
+    app = web.Application()
+    app[ADMIN_STATE] = state
+    if workers is not None:
+        app[WORKERS] = workers
+    app[PROBE] = UpstreamProbe(state)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    return app

@@ -1,0 +1,182 @@
+"""Running `serve`: both ports, and the shutdown sequence of design section 8.
+
+SIGTERM/SIGINT: /readyz turns 503 at once and the listener stops accepting; exchanges in flight run
+on for up to --drain-timeout, then each is interrupted (streams end with their dialect's error
+frame, reason `shutdown`, and their upstream is cancelled); then the process exits, within
+--drain-timeout + 1 s. A second signal skips the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from aiohttp import web
+
+from proxy import __version__
+from proxy.config import Config
+from proxy.exchange.state import ProxyState
+from proxy.server.app import build_admin_app, build_main_server, build_state, open_upstream_session
+from proxy.server.connections import ProxyServer
+from proxy.server.fdlimit import connection_limit, raise_fd_limit
+
+__all__ = ["Server", "run_loop", "serve"]
+
+_FINAL_GRACE_SECONDS = 0.5  # after the drain deadline: time for interrupted streams to write their frame
+_CLOSE_SECONDS = 0.25  # then what is left of each connection (a lingering body read) is cut
+_BACKLOG = 1024  # nginx uses 511; a burst of connects must not be refused by the kernel before the limit
+
+
+class Server:
+    """Both servers on their ports; `start`, then `shutdown` (or `run` for the whole life).
+
+    A worker of `--workers N` (proxy/workers/worker.py) runs one without the admin port (the supervisor serves
+    it for the whole set) and binds the main port with SO_REUSEPORT, which the other workers share.
+    """
+
+    def __init__(
+        self, config: Config, state: ProxyState | None = None, *, max_connections: int | None = None,
+        admin: bool = True, reuse_port: bool = False,
+    ):
+        self.config = config
+        self.state = state or build_state(config)
+        self.max_connections = max_connections or config.max_client_connections
+        self.main_server: ProxyServer | None = None
+        self.admin_app = build_admin_app(self.state)
+        self._main: web.ServerRunner | None = None
+        self._admin = (
+            web.AppRunner(self.admin_app, access_log=None, shutdown_timeout=_CLOSE_SECONDS) if admin else None
+        )
+        self._reuse_port = reuse_port
+        self._sites: list[web.TCPSite] = []
+        self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._shut_down = False
+
+    @property
+    def logger(self) -> Any:
+        return self.state.books.logger
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.state.session = open_upstream_session(cfg)
+        self.main_server = build_main_server(self.state, self.max_connections)
+        self._main = web.ServerRunner(self.main_server, shutdown_timeout=_CLOSE_SECONDS)
+        await self._main.setup()
+        main = web.TCPSite(
+            self._main, cfg.host, cfg.port, reuse_address=True, reuse_port=self._reuse_port or None,
+            backlog=_BACKLOG,
+        )
+        await main.start()
+        self._sites = [main]
+        if self._admin is not None:
+            await self._admin.setup()
+            admin = web.TCPSite(self._admin, cfg.admin_listen_host, cfg.admin_port, reuse_address=True)
+            await admin.start()
+            self._sites.append(admin)
+
+    def ports(self) -> tuple[int, int]:
+        """The bound (main, admin) ports, useful when configured as 0."""
+        main, admin = _bound_port(self._main), _bound_port(self._admin)
+        assert main is not None
+        assert admin is not None
+        return main, admin
+
+    def request_stop(self) -> None:
+        if self._stop.is_set():
+            self._hurry.set()
+        self._stop.set()
+
+    async def shutdown(self) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
+        state = self.state
+        state.draining = True
+        await self._sites[0].stop()  # stop accepting on the main port; admin keeps answering 503
+        await self._until_idle_or_hurried(self.config.drain_timeout)
+        interrupted = state.interrupt_all()
+        if interrupted:
+            self.logger.info("shutdown", interrupted=interrupted)
+            await self._until_idle_or_hurried(_FINAL_GRACE_SECONDS)
+        if self._main is not None:
+            await self._main.cleanup()
+        if self._admin is not None:
+            await self._admin.cleanup()
+        await state.background.close()  # drains still reading write their books now
+        await state.cancel_hooks.close()  # --cancel-hook calls still in flight use the session
+        if state.session is not None:
+            await state.session.close()
+
+    async def _until_idle_or_hurried(self, within: float) -> None:
+        """Wait until no exchange is in flight, a second signal comes, or `within` seconds pass."""
+        if not self.state.live or self._hurry.is_set():
+            return
+        waiters = {asyncio.ensure_future(self.state.idle.wait()), asyncio.ensure_future(self._hurry.wait())}
+        try:
+            await asyncio.wait(waiters, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def run(self, fd_limits: tuple[int, int] | None = None, on_started: Callable[[], None] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        await self.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        main_port, admin_port = _bound_port(self._main), _bound_port(self._admin)
+        self.logger.info(
+            "started",
+            version=__version__,
+            upstream=self.config.redacted_upstream(),
+            listen=f"{self.config.host}:{main_port}",
+            admin=f"{self.config.admin_listen_host}:{admin_port}" if admin_port is not None else None,
+            settings={k: v for k, v in _settings(self.config).items() if k != "upstream"},
+            nofile_soft_before=fd_limits[0] if fd_limits else None,
+            nofile=fd_limits[1] if fd_limits else None,
+            max_client_connections=self.max_connections,
+        )
+        if self.max_connections < self.config.max_client_connections:
+            self.logger.warning(
+                "max_client_connections_lowered",
+                configured=self.config.max_client_connections,
+                effective=self.max_connections,
+                why="the file-descriptor limit leaves room for this many (two sockets each)",
+            )
+        if on_started is not None:
+            on_started()
+        await self._stop.wait()
+        self.logger.info("draining", in_flight=len(self.state.live), drain_timeout=self.config.drain_timeout)
+        await self.shutdown()
+        self.logger.info("stopped")
+
+
+def _bound_port(runner: web.BaseRunner | None) -> int | None:
+    addresses = runner.addresses if runner is not None else None
+    return int(addresses[0][1]) if addresses else None
+
+
+def _settings(config: Config) -> dict[str, object]:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+def serve(config: Config) -> None:
+    limits = raise_fd_limit()
+    max_connections = connection_limit(config.max_client_connections, limits[1])
+
+    async def main() -> None:
+        await Server(config, max_connections=max_connections).run(limits)
+
+    run_loop(main())
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """uvloop when it is installed (the `speed` extra), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)

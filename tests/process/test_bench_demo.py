@@ -1,0 +1,302 @@
+"""`streamwarden demo` and `streamwarden bench` as a user runs them: subprocesses, real output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from proxy.tools.bench.load import Scenario, Window
+from proxy.tools.bench.report import format_scenario, percentile, summarize
+
+PY = sys.executable
+
+
+def _logical_lines(text: str) -> list[str]:
+    """The demo's output with wrapped lines joined back (continuations are indented 11 spaces)."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(" " * 11) and lines:
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return lines
+
+
+def _cases(text: str) -> dict[int, list[str]]:
+    """Case number -> its logical lines."""
+    cases: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in _logical_lines(text):
+        match = re.match(r"^(\d)\. ", line)
+        if match:
+            current = cases.setdefault(int(match.group(1)), [])
+        elif line.startswith("The proxy's metrics"):
+            current = None
+        if current is not None:
+            current.append(line)
+    return cases
+
+
+def _side(lines: list[str], side: str, index: int = 0) -> str:
+    found = [line for line in lines if line.startswith(f"  {side:<8} ")]
+    assert len(found) > index, f"no {side} line {index} in {lines}"
+    return found[index]
+
+
+def _check_tour(out: str) -> None:
+    assert "Traceback" not in out
+    assert all(len(line) <= 80 for line in out.splitlines()), "wider than 80 columns"
+    cases = _cases(out)
+    assert sorted(cases) == [1, 2, 3, 4, 5]
+
+    normal = cases[1]
+    for side in ("direct", "through"):
+        assert "no exception" in _side(normal, side)
+        assert "'The fake upstream streams" in _side(normal, side)
+    assert any("the same text; proxy log: ok/complete" in line for line in normal)
+
+    stray = cases[2]
+    direct = _side(stray, "direct")
+    assert "InternalServerError" not in direct  # the 503 inside the body is not a status the SDK sees
+    assert "text ''" in direct
+    assert "the backend got 1 request(s)" in direct
+    through = _side(stray, "through")
+    assert "InternalServerError 503" in through
+    assert "the backend got 2 request(s)" in through  # a real 503: the SDK retried it
+    assert any("error/stray_http_block" in line for line in stray)
+
+    error = cases[3]
+    for side in ("direct", "through"):
+        assert "APIError: fake upstream: generation failed" in _side(error, side)
+    assert "still waiting after" in _side(error, "direct", 1)
+    assert re.search(r"body ended after [\d.]+ s; events: chunk, chunk, error, \[DONE\]", _side(error, "through", 1))
+
+    abandon = cases[4]
+    assert "the backend is still busy" in _side(abandon, "direct")
+    assert "no close seen" in _side(abandon, "direct")
+    assert "the backend saw its connection close" in _side(abandon, "through")
+    assert any("aborted/client_stalled" in line and "upstream cancelled" in line for line in abandon)
+
+    null = cases[5]
+    assert "no exception; create() returned None" in _side(null, "direct")
+    assert "InternalServerError 502" in _side(null, "through")
+
+    metrics = out[out.index("The proxy's metrics that moved") :]
+    for expected in (
+        '{outcome="ok", reason="complete"} 1',
+        '{outcome="aborted", reason="client_stalled"} 1',
+        '{outcome="error", reason="stray_http_block"} 2',
+        '{reason="client_stalled"} 1',
+    ):
+        assert expected in metrics
+
+
+def test_demo_runs_the_tour_and_exits_0() -> None:
+    done = subprocess.run([PY, "-m", "proxy", "demo"], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _check_tour(done.stdout)
+    assert "stay up until Ctrl-C" not in done.stdout
+
+
+async def test_demo_keep_running_serves_until_ctrl_c() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        PY, "-m", "proxy", "demo", "--keep-running",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    out = ""
+    try:
+        async with asyncio.timeout(45):
+            while "stay up until Ctrl-C" not in out:
+                line = await proc.stdout.readline()
+                assert line, f"demo ended early:\n{out}"
+                out += line.decode()
+        proxy_url = re.search(r"streamwarden\s+(http://127\.0\.0\.1:\d+)", out)
+        assert proxy_url is not None
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
+            http.post(
+                proxy_url.group(1) + "/v1/chat/completions",
+                json={"model": "m", "stream": True, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+            ) as resp,
+        ):
+            assert resp.status == 200
+            assert (await resp.read()).endswith(b"data: [DONE]\n\n")
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    _check_tour(out + (await proc.stdout.read()).decode())
+    assert '"event":"request"' in (await proc.stderr.read()).decode()  # the by-hand request's log line
+
+
+def _bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "proxy", "bench", *args], capture_output=True, text=True, timeout=110, env=env)
+
+
+def _table(out: str, title: str) -> list[str]:
+    """The lines of one scenario's table: its title up to the next blank line."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return lines[start:end]
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed (apt-get install nginx)")
+@pytest.mark.timeout(120)  # a subprocess that starts the fake, nginx and streamwarden per scenario
+def test_bench_quick_measures_direct_nginx_and_streamwarden(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    done = _bench("--quick", "--json", str(out_json))
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "Traceback" not in out + done.stderr
+    assert [line for line in out.splitlines() if len(line) > 80 and not line.startswith("figures written to ")] == []
+    assert re.search(r"^nginx [\d.]+: proxy_buffering off, 1 worker", out, re.M), out
+    assert re.search(r"load average [\d.]+ [\d.]+ [\d.]+$", out, re.M)
+    assert re.search(r"^load average after: [\d.]+ [\d.]+ [\d.]+$", out, re.M)
+    for title, rate in (("a: 8 clients", "events/s"), ("b: 16 concurrent", "events/s"), ("c: 8 clients", "requests/s")):
+        table = _table(out, title)
+        assert re.match(r"^\s+direct\s+nginx\s+streamwarden$", table[1]), table
+        assert re.match(rf"^{rate}(\s+[\d,]+){{3}}$", table[3]), table
+        rows = {line[:22].strip(): line[22:].split() for line in table[3:]}
+        assert rows["vs direct"][0] == "1.00x"
+        ok = rows["ok / failed"]
+        assert ok[1::3] == ["/"] * 3
+        assert ok[2::3] == ["0"] * 3  # none failed
+        assert all(int(n) > 0 for n in ok[::3]), ok
+        assert rows["CPU-us per " + ("request" if rate == "requests/s" else "event")][0] == "-"
+        assert re.fullmatch(r"[\d.]+x", rows["vs nginx"][2]), rows
+        assert re.fullmatch(r"\(\+?-?[\d.]+\)", rows["TTFB p99 ms (added)"][-1]), rows
+    abandon = _table(out, "abandon: 30 streams")
+    rows = [line.split() for line in abandon[5:8]]
+    assert [row[0] for row in rows] == ["direct", "nginx", "streamwarden"]
+    for _, closes, p50, p95, top, ended_first, never, failed in rows:
+        assert int(closes) + int(ended_first) == 10  # a third of 30, each timed unless the upstream ended first
+        assert (never, failed) == ("0", "0")
+        assert all(re.fullmatch(r"[\d.]+|-", cell) for cell in (p50, p95, top))
+    assert re.search(r"^cost per content event\s+[\d.]+ us", out, re.M)
+
+    figures = json.loads(out_json.read_text())
+    assert figures["nginx"] == re.search(r"^nginx ([\d.]+):", out, re.M).group(1)  # type: ignore[union-attr]
+    assert sorted(figures["scenarios"]) == ["a", "b16", "c"]
+    for key, unit in (("a", "event"), ("b16", "event"), ("c", "request")):
+        targets = figures["scenarios"][key]["targets"]
+        assert sorted(targets) == ["direct", "nginx", "streamwarden"]
+        assert targets["direct"]["vs_direct"] == 1.0
+        assert targets["direct"][f"cpu_us_per_{unit}"] is None
+        for name in ("nginx", "streamwarden"):
+            assert targets[name][f"cpu_us_per_{unit}"] > 0
+            assert targets[name]["failed"] == 0
+            assert targets[name]["added_ttfb_p99_ms"] is not None
+        assert targets["nginx"]["cpu_vs_nginx"] == 1.0
+    for key in ("a", "b16"):
+        assert figures["scenarios"][key]["targets"]["streamwarden"]["ttft_p50_ms"] > 0
+    assert sorted(figures["abandon"]) == ["direct", "nginx", "streamwarden"]
+    assert all(r["closes"] + r["ended_first"] == 10 and r["missed"] == 0 for r in figures["abandon"].values())
+    assert len(figures["load_average_after"]) == 3
+
+
+@pytest.mark.timeout(120)  # a subprocess that starts the fake, nginx and streamwarden per scenario
+def test_bench_without_nginx_says_so_and_measures_the_rest() -> None:
+    """With no nginx on the PATH: one line saying so, and two columns."""
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nginx").exists())
+    done = _bench("--quick", "--scenarios", "c", env={**os.environ, "PATH": path})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "nginx: not on the PATH, so no reference column (apt-get install nginx)" in done.stdout
+    table = _table(done.stdout, "c: 8 clients")
+    assert re.match(r"^\s+direct\s+streamwarden$", table[1]), table
+    assert "abandon" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--b-streams", "64,x"], "--b-streams must be numbers"),
+        (["--b-streams", "0"], "--b-streams must be from 1 to 4096"),
+        (["--scenarios", "a,z"], "--scenarios must be a list of a, b, c, abandon"),
+        (["--upstream", "ftp://x"], "--upstream must be an http:// or https:// URL"),
+        (["--upstream", "http://127.0.0.1:8000/v1"], "--upstream is the backend's root URL, without /v1"),
+    ],
+)
+def test_bench_rejects_bad_flags(args: list[str], message: str) -> None:
+    done = subprocess.run([PY, "-m", "proxy", "bench", *args], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+@pytest.mark.timeout(120)  # a subprocess that starts the fake, nginx and streamwarden per scenario
+def test_bench_upstream_mode_skips_the_abandon_test() -> None:
+    """`--upstream URL` in front of a backend that is not the fast fake: direct vs proxied still measured."""
+    port = _free_port()
+    fake = subprocess.Popen([PY, "-m", "proxy", "fake-upstream", "--port", str(port), "--token-rate", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        assert fake.stdout is not None
+        assert b"listening on" in fake.stdout.readline()
+        done = _bench("--quick", "--scenarios", "c,abandon", "--upstream", f"http://127.0.0.1:{port}")
+    finally:
+        fake.terminate()
+        fake.wait(10)
+        if fake.stdout is not None:
+            fake.stdout.close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"upstream: http://127.0.0.1:{port} (direct vs proxied" in done.stdout
+    rows = _table(done.stdout, "c: 8 clients")
+    assert re.search(r"^ok / failed(\s+[1-9]\d* / 0){2,3}$", "\n".join(rows), re.M), rows  # nginx too, if there
+    assert "abandon test: skipped (it reads the upstream's own view of the close: built-in fake only)" in done.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(("values", "p50", "p99"), [([1.0], 1.0, 1.0), ([float(i) for i in range(1, 101)], 50.0, 99.0)])
+def test_percentile_nearest_rank(values: list[float], p50: float, p99: float) -> None:
+    assert percentile(values, 50) == p50
+    assert percentile(values, 99) == p99
+    assert percentile([], 50) is None
+
+
+def test_table_fits_80_columns_and_shows_the_ratios() -> None:
+    scenario = Scenario("b256", "b: 256 concurrent streams, 20 ms per chunk", 256, 2.5, True, 20)
+    def window(events: int, cpu: float | None, ttft: float) -> Window:
+        return Window(wall=4.0, ok=512, events=events, ttft=[ttft] * 10, ttfe=[ttft] * 10, ttfb=[0.001] * 10,
+                      cpu=cpu, rss_idle=40 * 2**20, rss_peak=48 * 2**20, upstream_cpu=1.0, client_cpu=1.0)  # fmt: skip
+    per_target = {"direct": [window(53248, None, 0.02)], "nginx": [window(50000, 1.0, 0.021)],
+                  "streamwarden": [window(45000, 4.5, 1.52)]}  # fmt: skip
+    figures = summarize(scenario, per_target)
+    table = format_scenario(scenario, figures)
+    assert all(len(line) <= 80 for line in table.splitlines())
+    assert figures["streamwarden"]["cpu_us_per_event"] == pytest.approx(100.0)  # 4.5 s / 45,000 events
+    assert figures["streamwarden"]["cpu_vs_nginx"] == pytest.approx(5.0)
+    assert figures["streamwarden"]["added_ttft_p99_ms"] == pytest.approx(1500.0)
+    assert figures["nginx"]["kb_per_stream"] == pytest.approx(32.0)  # 8 MiB over 256 streams
+    assert "1520.0 (+1500.0)" in table
+    assert "5.00x" in table
+
+
+def test_a_saturated_upstream_or_client_is_named_under_the_table() -> None:
+    scenario = Scenario("a", "a: 32 clients, streams of 100 chunks, no delay", 32, 2.0, True, 0)
+    busy = Window(wall=1.0, ok=384, events=39936, cpu=0.5, upstream_cpu=0.95, client_cpu=0.2)
+    calm = Window(wall=1.0, ok=384, events=39936, cpu=0.5, upstream_cpu=0.5, client_cpu=0.9)
+    table = format_scenario(scenario, summarize(scenario, {"direct": [busy], "streamwarden": [calm]}))
+    assert "note: the upstream used 95% of a core against direct: it may be the limit" in table
+    assert "note: this client used 90% of a core against streamwarden" in table
+    assert "the upstream used 50%" not in table
