@@ -6,9 +6,31 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from proxy.config import ConfigError, build_parser, config_from_args
+from proxy import __version__
+from proxy.config import ConfigError, add_serve_parser, config_from_args
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: `serve`, `fake-upstream`, `demo`, `bench`."""
+    parser = argparse.ArgumentParser(prog="streamwarden", description="LLM streaming sidecar proxy")
+    parser.add_argument("--version", action="version", version=f"streamwarden {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_serve_parser(sub)
+    fake = sub.add_parser("fake-upstream", help="the fault-injecting OpenAI-compatible fake backend")
+    fake.add_argument("--host", default="127.0.0.1")
+    fake.add_argument("--port", type=int, default=8000)
+    fake.add_argument("--token-rate", type=float, default=20.0, help="content events per second (0: no delay)")
+    fake.add_argument("--fast", action="store_true",
+                      help="the raw-asyncio chat backend of `bench` (pace from the model name: fast-20ms)")
+    demo = sub.add_parser("demo", help="fake upstream + proxy + a guided tour, then exit")
+    demo.add_argument("--keep-running", action="store_true", help="leave both servers up afterwards")
+    bench = sub.add_parser("bench", help="cost and latency: direct vs nginx vs streamwarden")
+    from proxy.tools.bench.run import add_arguments as add_bench_arguments  # a tool: loaded only here
+
+    add_bench_arguments(bench)
+    return parser
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -35,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = config_from_args(args)
         except ConfigError as exc:
             _subparser(parser, "serve").error(str(exc))  # usage line + one line, exit 2
+        from proxy.workers.cpus import resolve_workers
+
+        config = resolve_workers(config)
         if config.workers > 1:
             from proxy.workers.supervisor import supervise
 

@@ -7,19 +7,116 @@ start-up with argparse's usage line and one line naming the flag and what it exp
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
+import orjson
 from aiohttp import encode_basic_auth
 from yarl import URL
 
-from proxy import __version__
-from proxy.exchange.cancel_hooks import CancelHook, HookError, parse_hook
+__all__ = [
+    "CONVERSATION_HEADER",
+    "REPEATED_FLAGS",
+    "SERVE_FLAGS",
+    "CancelHook",
+    "Config",
+    "ConfigError",
+    "HookCall",
+    "HookError",
+    "add_serve_parser",
+    "config_from_args",
+    "otel_installed",
+    "parse_hook",
+    "parse_hooks",
+    "parse_size",
+    "serve_parser",
+]
 
-__all__ = ["REPEATED_FLAGS", "SERVE_FLAGS", "Config", "ConfigError", "build_parser", "config_from_args", "parse_size"]
+# --- --cancel-hook values: parsed here, fired by proxy.exchange.cancel_hooks.
+CONVERSATION_HEADER = "X-Conversation-Id"
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_KNOWN = frozenset({"request_id", "conversation_id"})
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+_PRESETS = {"llama-conversation": "DELETE /v1/stream?conv_id={conversation_id}"}
+_EXPECTED = "llama-conversation or 'METHOD /path [JSON body]', e.g. 'POST /abort_request {\"rid\": \"{request_id}\"}'"
+_SAMPLE = "0"  # substituted for every placeholder to check that a body template is JSON
+
+
+class HookError(ValueError):
+    """A `--cancel-hook` value that cannot be used; the message says what is expected."""
+
+
+@dataclass(frozen=True, slots=True)
+class HookCall:
+    method: str
+    path: str
+    body: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelHook:
+    """One parsed hook: a request template with `{request_id}` / `{conversation_id}` placeholders."""
+
+    name: str  # as the operator wrote it (a preset's name, or the template), for logs
+    method: str
+    path: str
+    body: str | None
+
+    @property
+    def needs_conversation(self) -> bool:
+        return "{conversation_id}" in self.path or "{conversation_id}" in (self.body or "")
+
+    def render(self, request_id: str, conversation_id: str | None) -> HookCall | None:
+        """The call for one exchange; None when it needs a conversation id the request did not have."""
+        if self.needs_conversation and not conversation_id:
+            return None
+        values = {"request_id": request_id, "conversation_id": conversation_id or ""}
+        path = _PLACEHOLDER.sub(lambda m: quote(values[m.group(1)], safe=""), self.path)
+        body = None
+        if self.body is not None:
+            body = _PLACEHOLDER.sub(lambda m: _json_escape(values[m.group(1)]), self.body).encode()
+        return HookCall(self.method, path, body)
+
+
+def _json_escape(value: str) -> str:
+    return orjson.dumps(value).decode()[1:-1]
+
+
+def parse_hook(text: str) -> CancelHook:
+    """`llama-conversation` or `'METHOD /path [JSON body]'`; raises HookError naming what is wrong."""
+    spec = text.strip()
+    name = spec
+    spec = _PRESETS.get(spec, spec)
+    parts = spec.split(None, 2)
+    expected = _EXPECTED
+    if len(parts) < 2:
+        raise HookError(expected)
+    method, path = parts[0], parts[1]
+    body = parts[2] if len(parts) == 3 else None
+    if method not in _METHODS:
+        raise HookError(f"{expected} (METHOD is one of {', '.join(sorted(_METHODS))})")
+    if not path.startswith("/"):
+        raise HookError(f"{expected} (the path starts with /)")
+    for template in (path, body or ""):
+        unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(template)} - _KNOWN)
+        if unknown:
+            raise HookError(f"{expected} (placeholders are {{request_id}} and {{conversation_id}}, not {unknown[0]})")
+    if body is not None:
+        try:
+            orjson.loads(_PLACEHOLDER.sub(_SAMPLE, body))
+        except orjson.JSONDecodeError:
+            raise HookError(f"{expected} (the body must be JSON)") from None
+    return CancelHook(name, method, path, body)
+
+
+def parse_hooks(values: list[str]) -> tuple[CancelHook, ...]:
+    return tuple(parse_hook(value) for value in values if value.strip())
+
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -113,14 +210,13 @@ def _optional_url(text: str) -> str | None:
 
 
 MAX_WORKERS = 256
+AUTO_WORKERS = 0  # `--workers auto`: resolved by `proxy.workers.cpus.resolve_workers` before serving
 
 
 def _workers(text: str) -> int:
     """A count of worker processes, or `auto`: the CPUs this process may use (affinity, cgroup quota)."""
     if text.strip() == "auto":
-        from proxy.workers.cpus import available_cpus
-
-        return available_cpus()
+        return AUTO_WORKERS
     if not text.strip().isdigit() or not 1 <= int(text) <= MAX_WORKERS:
         raise ConfigError(f"a number of worker processes from 1 to {MAX_WORKERS}, or auto")
     return int(text)
@@ -242,7 +338,8 @@ def env_name(flag: str) -> str:
     return "STREAMWARDEN_" + flag.upper().replace("-", "_")
 
 
-def _add_serve(subparsers: Any) -> None:
+def add_serve_parser(subparsers: Any) -> None:
+    """The `serve` sub-command with every flag of SERVE_FLAGS and REPEATED_FLAGS (called by `proxy.cli`)."""
     serve = subparsers.add_parser(
         "serve",
         help="run the proxy",
@@ -257,24 +354,10 @@ def _add_serve(subparsers: Any) -> None:
                            help=f"{text}; env {env_name(flag)}, one per line")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line: `serve`, `fake-upstream`, `demo`, `bench`."""
-    parser = argparse.ArgumentParser(prog="streamwarden", description="LLM streaming sidecar proxy")
-    parser.add_argument("--version", action="version", version=f"streamwarden {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_serve(sub)
-    fake = sub.add_parser("fake-upstream", help="the fault-injecting OpenAI-compatible fake backend")
-    fake.add_argument("--host", default="127.0.0.1")
-    fake.add_argument("--port", type=int, default=8000)
-    fake.add_argument("--token-rate", type=float, default=20.0, help="content events per second (0: no delay)")
-    fake.add_argument("--fast", action="store_true",
-                      help="the raw-asyncio chat backend of `bench` (pace from the model name: fast-20ms)")
-    demo = sub.add_parser("demo", help="fake upstream + proxy + a guided tour, then exit")
-    demo.add_argument("--keep-running", action="store_true", help="leave both servers up afterwards")
-    bench = sub.add_parser("bench", help="cost and latency: direct vs nginx vs streamwarden")
-    from proxy.tools.bench.run import add_arguments
-
-    add_arguments(bench)
+def serve_parser() -> argparse.ArgumentParser:
+    """A parser of `serve`'s command line alone (the healthcheck reads a running proxy's with it)."""
+    parser = argparse.ArgumentParser(prog="streamwarden")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     return parser
 
 
@@ -317,11 +400,19 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
     return Config(**values)
 
 
+def otel_installed() -> bool:
+    """Whether the `otel` extra (the SDK and its OTLP/HTTP exporter) is importable."""
+    try:
+        return importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None and (
+            importlib.util.find_spec("opentelemetry.sdk.trace") is not None
+        )
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
 def _otlp_endpoint(explicit: str | None, env: Mapping[str, str]) -> str | None:
     """Issue 13: --otlp-endpoint needs the otel extra; the standard OTEL_EXPORTER_OTLP_ENDPOINT is used
     when the extra is there (an OpenTelemetry Operator may set it in every pod, with or without it)."""
-    from proxy.observe.tracing import otel_installed
-
     if explicit is not None:
         if not otel_installed():
             raise ConfigError("argument --otlp-endpoint: needs the otel extra: pip install 'streamwarden[otel]'")

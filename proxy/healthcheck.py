@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from proxy.config import ConfigError, build_parser, config_from_args
+from proxy.config import ConfigError, config_from_args, serve_parser
 
 __all__ = ["admin_url", "is_serve", "main"]
 
@@ -46,7 +46,7 @@ def admin_url(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
     if not is_serve(argv):
         return None
     try:
-        args, _ = build_parser().parse_known_args(list(argv[list(argv).index("serve") :]))
+        args, _ = serve_parser().parse_known_args(list(argv[list(argv).index("serve") :]))
     except SystemExit:  # argparse has printed why
         raise ConfigError("the proxy's command line does not parse") from None
     config = config_from_args(args, environ)

@@ -39,7 +39,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from proxy.observe.books import ExchangeRecord
+    from proxy.core.record import ExchangeRecord
 
 __all__ = [
     "CANCELLATION_REASONS",

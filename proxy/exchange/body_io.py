@@ -19,9 +19,9 @@ from proxy.core.body import judge_body
 from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Lifecycle, Reason
+from proxy.core.record import ExchangeRecord
 from proxy.exchange.client_io import ClientWriter
 from proxy.exchange.failures import READ_ERRORS, body_failure
-from proxy.observe.books import ExchangeRecord
 
 __all__ = ["respond_whole"]
 

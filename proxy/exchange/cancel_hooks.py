@@ -20,110 +20,23 @@ Values are percent-encoded in the path and JSON-escaped in the body.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 import orjson
 
-from proxy.observe.books import ExchangeRecord
+from proxy.config import CONVERSATION_HEADER, CancelHook, HookCall
+from proxy.core.record import ExchangeRecord
 from proxy.observe.metrics import CANCEL_HOOK_FAILURE_REASONS, Metrics
 
-__all__ = [
-    "CONVERSATION_HEADER",
-    "HOOK_FAILURE_REASONS",
-    "CancelHook",
-    "CancelHooks",
-    "parse_hook",
-    "parse_hooks",
-]
+__all__ = ["HOOK_FAILURE_REASONS", "CancelHooks"]
 
-CONVERSATION_HEADER = "X-Conversation-Id"
 HOOK_TIMEOUT = 2.0  # seconds for one hook call, connect included
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_KNOWN = frozenset({"request_id", "conversation_id"})
-_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
-_PRESETS = {"llama-conversation": "DELETE /v1/stream?conv_id={conversation_id}"}
 # Cancellations a hook follows up: the proxy gave up on work the upstream may still be doing. Not
 # `upstream_error`: the upstream itself ended that request.
 _FOLLOWED = frozenset({"client_disconnect", "client_stalled", "stall_timeout", "first_byte_timeout", "shutdown"})
 HOOK_FAILURE_REASONS = CANCEL_HOOK_FAILURE_REASONS
-_EXPECTED = "llama-conversation or 'METHOD /path [JSON body]', e.g. 'POST /abort_request {\"rid\": \"{request_id}\"}'"
-_SAMPLE = "0"  # substituted for every placeholder to check that a body template is JSON
-
-
-class HookError(ValueError):
-    """A `--cancel-hook` value that cannot be used; the message says what is expected."""
-
-
-@dataclass(frozen=True, slots=True)
-class HookCall:
-    method: str
-    path: str
-    body: bytes | None
-
-
-@dataclass(frozen=True, slots=True)
-class CancelHook:
-    """One parsed hook: a request template with `{request_id}` / `{conversation_id}` placeholders."""
-
-    name: str  # as the operator wrote it (a preset's name, or the template), for logs
-    method: str
-    path: str
-    body: str | None
-
-    @property
-    def needs_conversation(self) -> bool:
-        return "{conversation_id}" in self.path or "{conversation_id}" in (self.body or "")
-
-    def render(self, request_id: str, conversation_id: str | None) -> HookCall | None:
-        """The call for one exchange; None when it needs a conversation id the request did not have."""
-        if self.needs_conversation and not conversation_id:
-            return None
-        values = {"request_id": request_id, "conversation_id": conversation_id or ""}
-        path = _PLACEHOLDER.sub(lambda m: quote(values[m.group(1)], safe=""), self.path)
-        body = None
-        if self.body is not None:
-            body = _PLACEHOLDER.sub(lambda m: _json_escape(values[m.group(1)]), self.body).encode()
-        return HookCall(self.method, path, body)
-
-
-def _json_escape(value: str) -> str:
-    return orjson.dumps(value).decode()[1:-1]
-
-
-def parse_hook(text: str) -> CancelHook:
-    """`llama-conversation` or `'METHOD /path [JSON body]'`; raises HookError naming what is wrong."""
-    spec = text.strip()
-    name = spec
-    spec = _PRESETS.get(spec, spec)
-    parts = spec.split(None, 2)
-    expected = _EXPECTED
-    if len(parts) < 2:
-        raise HookError(expected)
-    method, path = parts[0], parts[1]
-    body = parts[2] if len(parts) == 3 else None
-    if method not in _METHODS:
-        raise HookError(f"{expected} (METHOD is one of {', '.join(sorted(_METHODS))})")
-    if not path.startswith("/"):
-        raise HookError(f"{expected} (the path starts with /)")
-    for template in (path, body or ""):
-        unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(template)} - _KNOWN)
-        if unknown:
-            raise HookError(f"{expected} (placeholders are {{request_id}} and {{conversation_id}}, not {unknown[0]})")
-    if body is not None:
-        try:
-            orjson.loads(_PLACEHOLDER.sub(_SAMPLE, body))
-        except orjson.JSONDecodeError:
-            raise HookError(f"{expected} (the body must be JSON)") from None
-    return CancelHook(name, method, path, body)
-
-
-def parse_hooks(values: list[str]) -> tuple[CancelHook, ...]:
-    return tuple(parse_hook(value) for value in values if value.strip())
 
 
 class CancelHooks:

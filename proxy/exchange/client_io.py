@@ -15,7 +15,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.core.lifecycle import Lifecycle
-from proxy.observe.books import ExchangeRecord
+from proxy.core.record import ExchangeRecord
 
 __all__ = ["ClientStalled", "ClientWriter"]
 

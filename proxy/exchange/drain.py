@@ -17,9 +17,9 @@ import aiohttp
 from proxy.core.body import judge_body
 from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.guard import StreamGuard
+from proxy.core.record import ExchangeRecord
 from proxy.exchange.failures import READ_ERRORS
 from proxy.exchange.stream_io import count_stream, is_stream
-from proxy.observe.books import ExchangeRecord
 
 __all__ = ["drain"]
 

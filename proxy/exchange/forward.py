@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import aiohttp
@@ -21,6 +21,7 @@ from aiohttp import web
 from proxy.core.dialects import Dialect, RequestInfo, for_request, inspect_request
 from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
+from proxy.core.record import ExchangeRecord
 from proxy.exchange.body_io import respond_whole
 from proxy.exchange.client_io import ClientStalled, ClientWriter
 from proxy.exchange.drain import drain
@@ -29,10 +30,8 @@ from proxy.exchange.interrupts import Interrupted, Interrupter
 from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_url
 from proxy.exchange.state import ProxyState
 from proxy.exchange.stream_io import is_stream, pump_stream, send_step
-from proxy.observe.books import ExchangeRecord
-from proxy.server.connections import ClientConnection
 
-__all__ = ["client_request_id", "make_handler"]
+__all__ = ["client_request_id", "handle"]
 
 _REQUEST_ID = "X-Request-Id"
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
@@ -43,21 +42,6 @@ _SHUTTING_DOWN = "the proxy is shutting down"
 def client_request_id(value: str | None) -> bool:
     """A client's X-Request-Id is used only when it is 1-200 printable ASCII characters."""
     return value is not None and 0 < len(value) <= _REQUEST_ID_MAX and value.isascii() and value.isprintable()
-
-
-def make_handler(state: ProxyState) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
-    """The main port's one handler (every method and path), bound to the proxy's state."""
-
-    async def handler(request: web.BaseRequest) -> web.StreamResponse:
-        try:
-            return await handle(request, state)
-        finally:
-            # The next bytes are a new request's head only once this body was read to its end (an
-            # unread one is refused with Connection: close, and aiohttp discards the rest of it).
-            if isinstance(request.protocol, ClientConnection) and request.content.is_eof():
-                request.protocol.request_done()
-
-    return handler
 
 
 @dataclass(slots=True)

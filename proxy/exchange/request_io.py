@@ -17,11 +17,11 @@ from proxy.config import Config
 from proxy.core.dialects import Dialect
 from proxy.core.headers import request_headers
 from proxy.core.lifecycle import Reason
+from proxy.core.record import ExchangeRecord
 from proxy.core.target import BadTarget, forwarded_target
 from proxy.exchange.body_budget import BodyBudget
 from proxy.exchange.failures import Refusal
 from proxy.exchange.state import ProxyState
-from proxy.observe.books import ExchangeRecord
 
 __all__ = ["INFLATE_LIMIT", "read_body", "upstream_headers", "upstream_url"]
 

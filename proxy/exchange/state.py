@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from proxy.config import Config
+from proxy.core.record import ExchangeRecord
 from proxy.exchange.background import Background
 from proxy.exchange.body_budget import BodyBudget
 from proxy.exchange.cancel_hooks import CancelHooks
 from proxy.exchange.interrupts import Interrupter
-from proxy.observe.books import Books, ExchangeRecord
+from proxy.observe.books import Books
 from proxy.observe.metrics import Metrics
 
 __all__ = ["ProxyState"]

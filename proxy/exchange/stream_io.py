@@ -20,11 +20,11 @@ from proxy.config import Config
 from proxy.core.guard import Step, StreamGuard
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Lifecycle, Reason
+from proxy.core.record import ExchangeRecord
 from proxy.exchange.client_io import ClientWriter
 from proxy.exchange.failures import READ_ERRORS
 from proxy.exchange.interrupts import Interrupted
 from proxy.exchange.stream_clock import KeepaliveFailed, StreamClock, UpstreamStalled
-from proxy.observe.books import ExchangeRecord
 
 __all__ = ["KEEPALIVE", "count_stream", "is_stream", "pump_stream", "send_step"]
 

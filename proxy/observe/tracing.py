@@ -11,13 +11,13 @@ waits for a collector.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from proxy import __version__
-from proxy.observe.books import ExchangeRecord
+from proxy.config import otel_installed
+from proxy.core.record import ExchangeRecord
 
 __all__ = ["OPERATIONS", "Tracing", "otel_installed", "traces_url"]
 
@@ -36,16 +36,6 @@ def traces_url(endpoint: str) -> str:
     """OTEL_EXPORTER_OTLP_ENDPOINT is a base URL: OTLP/HTTP traces go to its `/v1/traces`."""
     base = endpoint.rstrip("/")
     return base if base.endswith("/v1/traces") else base + "/v1/traces"
-
-
-def otel_installed() -> bool:
-    """Whether the `otel` extra (the SDK and its OTLP/HTTP exporter) is importable."""
-    try:
-        return importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None and (
-            importlib.util.find_spec("opentelemetry.sdk.trace") is not None
-        )
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
 
 
 def _wall_ns(monotonic: float) -> int:

@@ -7,13 +7,12 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from proxy.config import Config
-from proxy.exchange.forward import make_handler
 from proxy.exchange.state import ProxyState
 from proxy.observe.books import Books
 from proxy.observe.logs import make_logger
 from proxy.observe.metrics import Metrics
 from proxy.server.admin import build_admin_app
-from proxy.server.connections import ConnectionRules, ProxyServer
+from proxy.server.connections import ConnectionRules, ProxyServer, make_handler
 from proxy.server.upstream_pool import GuardedConnector
 
 if TYPE_CHECKING:

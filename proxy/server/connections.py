@@ -27,9 +27,11 @@ from aiohttp.http_exceptions import LineTooLong
 
 from proxy.core.dialects import DIALECTS
 from proxy.core.http_head import HeadScanner, HeadTooLarge
+from proxy.exchange.forward import handle
+from proxy.exchange.state import ProxyState
 from proxy.observe.books import Books
 
-__all__ = ["ClientConnection", "ConnectionRules", "ProxyServer"]
+__all__ = ["ClientConnection", "ConnectionRules", "ProxyServer", "make_handler"]
 
 _OTHER = DIALECTS["other"]
 _PHRASES = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
@@ -177,3 +179,18 @@ def _peer(connection: web.RequestHandler) -> str | None:
     transport = connection.transport
     peer = transport.get_extra_info("peername") if transport is not None else None
     return str(peer[0]) if isinstance(peer, tuple) and peer else None
+
+
+def make_handler(state: ProxyState) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """The main port's one handler (every method and path), bound to the proxy's state."""
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await handle(request, state)
+        finally:
+            # The next bytes are a new request's head only once this body was read to its end (an
+            # unread one is refused with Connection: close, and aiohttp discards the rest of it).
+            if isinstance(request.protocol, ClientConnection) and request.content.is_eof():
+                request.protocol.request_done()
+
+    return handler

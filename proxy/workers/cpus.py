@@ -17,8 +17,11 @@ import math
 import os
 import posixpath
 from collections.abc import Callable
+from dataclasses import replace
 
-__all__ = ["available_cpus", "cgroup_cpu_limit", "parse_cfs_quota", "parse_cpu_max"]
+from proxy.config import AUTO_WORKERS, Config
+
+__all__ = ["available_cpus", "cgroup_cpu_limit", "parse_cfs_quota", "parse_cpu_max", "resolve_workers"]
 
 Reader = Callable[[str], str | None]
 
@@ -131,3 +134,8 @@ def available_cpus(read: Reader = _read_file, affinity: Callable[[], int] = _aff
     if limit is not None:
         cpus = min(cpus, math.floor(limit))
     return max(1, cpus)
+
+
+def resolve_workers(config: Config) -> Config:
+    """`--workers auto` becomes the CPUs this process may use; any other count stays as given."""
+    return replace(config, workers=available_cpus()) if config.workers == AUTO_WORKERS else config

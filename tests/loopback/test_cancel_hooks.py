@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from support import Proxy, ProxyFactory, ServeUpstream
 
-from proxy.exchange.cancel_hooks import parse_hooks
+from proxy.config import parse_hooks
 
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from support import ProxyFactory
 
-from proxy import forward
 from proxy.core.guard import Step, StreamGuard
+from proxy.exchange import forward
 
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 

@@ -32,7 +32,8 @@ from support.contract import METRICS
 from support.promql_exprs import DASHBOARD, RULES
 
 from proxy import __version__
-from proxy.config import Config, build_parser
+from proxy.cli import build_parser
+from proxy.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -26,7 +26,7 @@ import pytest
 from llama import LlamaServer, parse_metric
 from support import Proxy, ProxyFactory
 
-from proxy.exchange.cancel_hooks import parse_hooks
+from proxy.config import parse_hooks
 
 pytestmark = pytest.mark.real
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.exchange.cancel_hooks import CancelHook, HookError, parse_hook
+from proxy.config import CancelHook, HookError, parse_hook
 
 
 def test_llama_conversation_preset() -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import REPEATED_FLAGS, SERVE_FLAGS, Config, ConfigError, build_parser, config_from_args, parse_size
+from proxy.config import REPEATED_FLAGS, SERVE_FLAGS, Config, ConfigError, config_from_args, parse_size, serve_parser
 
 
 def _config(argv: list[str], env: dict[str, str] | None = None) -> Config:
-    return config_from_args(build_parser().parse_args(["serve", *argv]), env or {})
+    return config_from_args(serve_parser().parse_args(["serve", *argv]), env or {})
 
 
 def test_defaults_match_the_design() -> None:
@@ -112,9 +112,9 @@ def test_bad_otlp_endpoints_name_where_they_came_from(argv: list[str], env: dict
 def test_otlp_endpoint_without_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     """Asked for by flag: a clear start-up error. Only the standard variable (set pod-wide by an
     OpenTelemetry Operator, say): tracing stays off rather than the sidecar refusing to start."""
-    import proxy.observe.tracing
+    import proxy.config
 
-    monkeypatch.setattr(proxy.observe.tracing, "otel_installed", lambda: False)
+    monkeypatch.setattr(proxy.config, "otel_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"--otlp-endpoint: needs the otel extra: pip install 'streamwarden\[otel\]'"):
         _config(["--upstream", "http://u", "--otlp-endpoint", "http://c:4318"])
     assert _config(["--upstream", "http://u"], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}).otlp_endpoint is None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import ConfigError, build_parser, config_from_args
-from proxy.workers.cpus import available_cpus, cgroup_cpu_limit, parse_cfs_quota, parse_cpu_max
+from proxy.config import ConfigError, config_from_args, serve_parser
+from proxy.workers.cpus import available_cpus, cgroup_cpu_limit, parse_cfs_quota, parse_cpu_max, resolve_workers
 
 V2_MOUNTS = "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n"
 V1_MOUNTS = (
@@ -79,8 +79,8 @@ def test_this_machine_answers_within_its_affinity() -> None:
 
 
 def _workers(argv: list[str], env: dict[str, str] | None = None) -> int:
-    args = build_parser().parse_args(["serve", "--upstream", "http://127.0.0.1:8000", *argv])
-    return config_from_args(args, env or {}).workers
+    args = serve_parser().parse_args(["serve", "--upstream", "http://127.0.0.1:8000", *argv])
+    return resolve_workers(config_from_args(args, env or {})).workers
 
 
 def test_workers_flag_and_variable() -> None:

@@ -12,7 +12,8 @@ from proxy.core.dialects import for_request
 from proxy.core.guard import StreamGuard
 from proxy.core.latency import ITL_BUCKETS, GapHistogram, TokenGaps
 from proxy.core.lifecycle import Lifecycle, Phase
-from proxy.observe.books import ExchangeRecord, abort_phase
+from proxy.core.record import ExchangeRecord
+from proxy.observe.books import abort_phase
 
 
 def test_gaps_between_writes_and_zero_inside_one_write() -> None:

@@ -9,7 +9,7 @@ import pytest
 from proxy.core.dialects import DIALECTS
 from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import REASONS, Answer, Event, Lifecycle, Outcome, Phase, Reason, Reply
-from proxy.observe.books import ExchangeRecord
+from proxy.core.record import ExchangeRecord
 
 R = Reason
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Histogram
 
 from proxy.core.latency import ITL_BUCKETS
-from proxy.observe.books import Books, ExchangeRecord
+from proxy.core.record import ExchangeRecord
+from proxy.observe.books import Books
 from proxy.observe.metrics import Metrics
 
 __all__ = ["LatencyCost", "format_latency_cost", "measure_latency_cost"]
