@@ -264,7 +264,7 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "workers": (
         _workers, "1", "worker processes sharing the main port (SO_REUSEPORT); auto: the CPUs this process may use",
     ),
-    # --- issue 13: traces. Also read from OTEL_EXPORTER_OTLP_ENDPOINT (see config_from_args).
+    # Traces. Also read from OTEL_EXPORTER_OTLP_ENDPOINT (see config_from_args).
     "otlp-endpoint": (_optional_url, "", "OTLP/HTTP collector base URL for traces; needs streamwarden[otel]"),
 }
 _OPTIONAL = frozenset({"admin-host"})  # flags whose default is derived from another flag
@@ -277,39 +277,46 @@ REPEATED_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
 }
 
 
+def _default(flag: str) -> Any:
+    """A flag's default as `Config` holds it: its default text, parsed like any value given."""
+    parse, default, _ = SERVE_FLAGS[flag]
+    assert default is not None, flag
+    return parse(default)
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
-    """Everything `serve` was told, validated once at start-up."""
+    """Everything `serve` was told, validated once at start-up. Defaults come from SERVE_FLAGS alone."""
 
     upstream: str
-    host: str = "0.0.0.0"
-    port: int = 8080
-    admin_port: int = 9464
-    connect_timeout: float = 10.0
-    first_byte_timeout: float = 600.0
-    idle_timeout: float = 120.0
-    hold_headers: float = 10.0
-    keepalive_interval: float = 15.0
-    drain_timeout: float = 30.0
-    max_body_size: int = 64 * 1024 * 1024
-    upstream_max_connections: int = 0
-    client_stall_timeout: float = 60.0
-    health_path: str = "/v1/models"
-    on_abandon: str = "cancel"
-    model_label_limit: int = 50
-    log_format: str = "json"
-    log_level: str = "info"
+    host: str = _default("host")
+    port: int = _default("port")
+    admin_port: int = _default("admin-port")
+    connect_timeout: float = _default("connect-timeout")
+    first_byte_timeout: float = _default("first-byte-timeout")
+    idle_timeout: float = _default("idle-timeout")
+    hold_headers: float = _default("hold-headers")
+    keepalive_interval: float = _default("keepalive-interval")
+    drain_timeout: float = _default("drain-timeout")
+    max_body_size: int = _default("max-body-size")
+    upstream_max_connections: int = _default("upstream-max-connections")
+    client_stall_timeout: float = _default("client-stall-timeout")
+    health_path: str = _default("health-path")
+    on_abandon: str = _default("on-abandon")
+    model_label_limit: int = _default("model-label-limit")
+    log_format: str = _default("log-format")
+    log_level: str = _default("log-level")
     admin_host: str = ""  # "" = the same as `host`
-    client_header_timeout: float = 60.0
-    client_body_timeout: float = 60.0
-    client_keepalive_timeout: float = 75.0
-    max_header_size: int = 64 * 1024
-    max_client_connections: int = 4096
-    max_buffered_body_bytes: int = 256 * 1024 * 1024
+    client_header_timeout: float = _default("client-header-timeout")
+    client_body_timeout: float = _default("client-body-timeout")
+    client_keepalive_timeout: float = _default("client-keepalive-timeout")
+    max_header_size: int = _default("max-header-size")
+    max_client_connections: int = _default("max-client-connections")
+    max_buffered_body_bytes: int = _default("max-buffered-body-bytes")
     max_event_size: int = 8 * 1024 * 1024
     cancel_hook: tuple[CancelHook, ...] = ()
-    workers: int = 1  # issue 11: more than 1 runs a supervisor (proxy/workers/supervisor.py) and N worker processes
-    otlp_endpoint: str | None = None  # issue 13: OpenTelemetry traces over OTLP/HTTP; None: off
+    workers: int = _default("workers")  # more than 1: a supervisor and N workers (proxy.workers); 0: auto
+    otlp_endpoint: str | None = _default("otlp-endpoint")  # OpenTelemetry traces over OTLP/HTTP; None: off
 
     @property
     def admin_listen_host(self) -> str:
@@ -411,7 +418,7 @@ def otel_installed() -> bool:
 
 
 def _otlp_endpoint(explicit: str | None, env: Mapping[str, str]) -> str | None:
-    """Issue 13: --otlp-endpoint needs the otel extra; the standard OTEL_EXPORTER_OTLP_ENDPOINT is used
+    """--otlp-endpoint needs the otel extra; the standard OTEL_EXPORTER_OTLP_ENDPOINT is used
     when the extra is there (an OpenTelemetry Operator may set it in every pod, with or without it)."""
     if explicit is not None:
         if not otel_installed():

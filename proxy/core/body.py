@@ -1,4 +1,4 @@
-"""Verdicts on whole (non-stream) response bodies, design section 6.
+"""Verdicts on whole (non-stream) response bodies (docs/failures.md).
 
 A 200 is not always a success: vLLM has answered `null` and ends choices its engine aborted with
 `finish_reason: "abort"`, backends hide error objects in 2xx bodies, and batched completions have

@@ -4,7 +4,7 @@ Sans-IO, like h11: the I/O loop feeds it what the upstream sent and reports EOF,
 and the end of the hold window; each call returns one `Step` saying whether to commit the 200, what
 to write now and whether the stream is over. Normal streams pass byte for byte; every way a stream
 can go wrong ends on an event boundary with a frame the client's SDK raises, or, while nothing was
-committed yet, with a real HTTP status the SDK can retry (design sections 5 and 10).
+committed yet, with a real HTTP status the SDK can retry (docs/failures.md).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ __all__ = ["MAX_HELD", "Failure", "Step", "StreamGuard"]
 
 MAX_HELD = 1024 * 1024  # bytes held before the first content; the hold window ends early past it
 
-# Statuses and messages for failures the I/O layer detects (design section 10).
+# Statuses and messages for failures the I/O layer detects (docs/failures.md).
 # The failures the I/O layer reports, with their message; the status is the lifecycle's table's.
 _FAILURES = {
     Reason.STREAM_CUT: "the upstream stream ended before the response was complete",
@@ -52,7 +52,7 @@ class Step:
     data: bytes = b""  # bytes to write to the client now
     done: bool = False  # the stream is over: stop reading and close the upstream connection
     outcome: str | None = None  # when done: "ok" | "error"
-    reason: str | None = None  # when done: the design section 3 reason
+    reason: str | None = None  # when done: the verdict's `Reason` value
     failure: Failure | None = None  # when done before commit: send this instead of a 200
     first_content: bool = False  # carries the first content-bearing event (time to first token)
     content_events: int = 0  # content-bearing events in `data` (token latency)

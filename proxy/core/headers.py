@@ -8,7 +8,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 __all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
 
-# RFC 9110 7.6.1 plus the classic extras; Proxy-Authorization is end-to-end here (design 10).
+# RFC 9110 7.6.1 plus the classic extras; Proxy-Authorization is end-to-end here.
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
 )

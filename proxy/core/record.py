@@ -16,7 +16,7 @@ __all__ = ["ExchangeRecord"]
 
 @dataclass(slots=True)
 class ExchangeRecord:
-    """What one request did; the fields of the `request` log line (design section 7)."""
+    """What one request did; the fields of the `request` log line."""
 
     request_id: str
     method: str

@@ -27,15 +27,13 @@ import aiohttp
 import orjson
 
 from proxy.config import CONVERSATION_HEADER, CancelHook, HookCall
+from proxy.core.lifecycle import HOOKED_CANCELLATIONS, Cancellation
 from proxy.core.record import ExchangeRecord
 from proxy.observe.metrics import CANCEL_HOOK_FAILURE_REASONS, Metrics
 
 __all__ = ["HOOK_FAILURE_REASONS", "CancelHooks"]
 
 HOOK_TIMEOUT = 2.0  # seconds for one hook call, connect included
-# Cancellations a hook follows up: the proxy gave up on work the upstream may still be doing. Not
-# `upstream_error`: the upstream itself ended that request.
-_FOLLOWED = frozenset({"client_disconnect", "client_stalled", "stall_timeout", "first_byte_timeout", "shutdown"})
 HOOK_FAILURE_REASONS = CANCEL_HOOK_FAILURE_REASONS
 
 
@@ -67,7 +65,7 @@ class CancelHooks:
         self, ex: ExchangeRecord, request_headers: Mapping[str, str], session: aiohttp.ClientSession | None
     ) -> None:
         """Start the hooks for `ex` if the proxy cancelled its upstream request; never blocks."""
-        if not self.hooks or ex.upstream_cancelled not in _FOLLOWED or ex.drained or session is None:
+        if not self.hooks or ex.upstream_cancelled not in HOOKED_CANCELLATIONS or ex.drained or session is None:
             return
         conversation = request_headers.get(CONVERSATION_HEADER)
         headers = {"X-Request-Id": ex.request_id}
@@ -90,7 +88,7 @@ class CancelHooks:
         ex: ExchangeRecord,
         headers: dict[str, str],
     ) -> None:
-        self._metrics.cancellations.labels(api=ex.api, reason="cancel_hook").inc()
+        self._metrics.cancellations.labels(api=ex.api, reason=str(Cancellation.CANCEL_HOOK)).inc()
         failure: str | None = None
         status: int | None = None
         if call.body is not None:

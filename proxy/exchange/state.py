@@ -33,7 +33,7 @@ class ProxyState:
     body_budget: BodyBudget = field(init=False)
     live: dict[Interrupter, ExchangeRecord] = field(default_factory=dict)
     background: Background = field(default_factory=Background)  # tasks that outlive a handler (drains)
-    cancel_hooks: CancelHooks = field(init=False)  # issue 12: --cancel-hook
+    cancel_hooks: CancelHooks = field(init=False)  # --cancel-hook
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def track(self, interrupter: Interrupter, ex: ExchangeRecord) -> None:

@@ -1,4 +1,4 @@
-"""The Prometheus contract of design section 7, on a registry of its own (no process globals).
+"""The Prometheus contract (the README's metrics table), on a registry of its own (no process globals).
 
 Label values come from fixed sets; the request's model name, the one free-form label, is bounded by
 `ModelLabels` so that a client sending 10,000 model names cannot create 10,000 series.
@@ -19,6 +19,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from proxy import __version__
 from proxy.core.latency import ITL_BUCKETS, GapHistogram
+from proxy.core.lifecycle import Cancellation
 
 __all__ = [
     "ABORT_PHASES", "APIS", "CANCELLATION_REASONS", "CANCEL_HOOK_FAILURE_REASONS", "CONTENT_TYPE_LATEST",
@@ -26,17 +27,14 @@ __all__ = [
 ]
 
 APIS = ("chat_completions", "completions", "responses", "messages", "embeddings", "models", "other")
-CANCELLATION_REASONS = (
-    "client_disconnect", "client_stalled", "stall_timeout", "first_byte_timeout", "shutdown", "upstream_error",
-    "cancel_hook",  # one per --cancel-hook call made, besides the close counted under the reason above
-)
+CANCELLATION_REASONS = tuple(str(reason) for reason in Cancellation)
 CANCEL_HOOK_FAILURE_REASONS = ("timeout", "connect_failed", "http_status", "invalid_body")
 REWRITE_REASONS = (
     "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
     "malformed_event", "oversized_event", "late_commit_status", "upstream_aborted",
 )
 
-# Where the client left (design section 7): the upstream had not answered yet; a stream with no content
+# Where the client left: the upstream had not answered yet; a stream with no content
 # yet; a stream mid-way; a whole (non-stream) response being read or written.
 ABORT_PHASES = ("before_headers", "before_first_token", "mid_stream", "whole_body")
 
@@ -69,11 +67,16 @@ class ModelLabels:
         self._served = frozenset(name[:MODEL_NAME_MAX] for name in names[:MAX_UPSTREAM_MODELS])
 
     def label(self, model: str | None) -> str:
+        """The label value of a model name: its own name (cut), `unknown`, or `other` once the slots are taken."""
         if not model:
             return "unknown"
         name = model[:MODEL_NAME_MAX]
         if name in self._served or name in self._seen:
             return name
+        return self._admit(name)
+
+    def _admit(self, name: str) -> str:
+        """A name met for the first time: give it a slot while any is free (workers share theirs)."""
         if len(self._seen) >= self._limit:
             return "other"
         self._seen.add(name)
@@ -98,7 +101,7 @@ class Metrics:
         self, model_label_limit: int = 50, registry: CollectorRegistry | None = None,
         multiprocess_dir: str | None = None,
     ) -> None:
-        # The contract is the families of design section 7 (plus issue 12's hook failures); prometheus_client
+        # The contract is the README's metric families (hook failures included); prometheus_client
         # would add a `*_created` gauge per counter and histogram series. (A library-wide switch, set once.)
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()

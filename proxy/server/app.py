@@ -50,7 +50,7 @@ def open_upstream_session(config: Config) -> aiohttp.ClientSession:
 
 
 def open_tracing(config: Config) -> Tracing | None:
-    """Issue 13: OpenTelemetry traces when an OTLP endpoint is set (the SDK is imported only then)."""
+    """OpenTelemetry traces when an OTLP endpoint is set (the SDK is imported only then)."""
     if config.otlp_endpoint is None:
         return None
     from proxy.observe.tracing import Tracing

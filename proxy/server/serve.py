@@ -1,4 +1,4 @@
-"""Running `serve`: both ports, and the shutdown sequence of design section 8.
+"""Running `serve`: both ports, and the shutdown sequence (docs/architecture.md, "Shutdown").
 
 SIGTERM/SIGINT: /readyz turns 503 at once and the listener stops accepting; exchanges in flight run
 on for up to --drain-timeout, then each is interrupted (streams end with their dialect's error

@@ -15,7 +15,7 @@ import os
 
 import orjson
 
-from proxy.observe.metrics import MODEL_NAME_MAX, ModelLabels
+from proxy.observe.metrics import ModelLabels
 
 __all__ = ["SharedModelLabels"]
 
@@ -30,17 +30,9 @@ class SharedModelLabels(ModelLabels):
         self._path = os.path.join(directory, _FILE_NAME)
         self._full = False
 
-    def label(self, model: str | None) -> str:
-        if not model:
-            return "unknown"
-        name = model[:MODEL_NAME_MAX]
-        if name in self._served or name in self._seen:
-            return name
+    def _admit(self, name: str) -> str:
         if self._full:
             return "other"
-        return self._admit(name)
-
-    def _admit(self, name: str) -> str:
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released by the close

@@ -11,7 +11,7 @@ between a worker's death and its replacement). The supervisor serves the one adm
 
 A worker that dies (a crash, the OOM killer, `kill -9`) is logged and replaced, with a back-off
 when replacements die young. SIGTERM/SIGINT: /readyz turns 503 and every worker gets SIGTERM and
-drains as one process would (design section 8), so the set exits within --drain-timeout + 1 s; a
+drains as one process would, so the set exits within --drain-timeout + 1 s; a
 second signal is passed on (the workers skip the rest of the wait). Workers run in their own session
 so that a terminal's Ctrl-C reaches them only through the supervisor, once.
 """

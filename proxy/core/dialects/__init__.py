@@ -1,6 +1,6 @@
 """API dialects: which API a request speaks, and how that API's streams end and fail.
 
-The registry maps (method, path) to one shared, stateless `Dialect` per API (design section 4); the
+The registry maps (method, path) to one shared, stateless `Dialect` per API (docs/architecture.md); the
 `api` metric label is its name. Streaming state lives in the `DialectStream` each exchange gets
 from `Dialect.new_stream()`.
 """

@@ -2,7 +2,7 @@
 
 Backends disagree on how an error looks (vLLM nests it, SGLang and LMDeploy flatten it, TGI uses a
 string, FastAPI says `detail`); clients only understand their own SDK's shape. This module is the one
-place that knows both sides, including the status -> error type tables of design section 10.
+place that knows both sides, including the status -> error type tables (docs/failures.md).
 """
 
 from __future__ import annotations

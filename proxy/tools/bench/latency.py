@@ -1,4 +1,4 @@
-"""`streamwarden bench`'s micro-benchmark of the token latency books (issue 13: under 1 µs per event).
+"""`streamwarden bench`'s micro-benchmark of the token latency books (their budget: under 1 µs per event).
 
 What a content event costs the proxy for the inter-token latency and time-per-output-token
 histograms: the clock read and `ExchangeRecord.note_content` in the stream loop, plus, once per ok

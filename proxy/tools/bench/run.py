@@ -90,7 +90,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 
 
 def _scenarios(options: BenchOptions) -> list[Scenario]:
-    """The shapes of issue 11: each target gets the same duration per round, except b: two waves of streams
+    """The shapes: each target gets the same duration per round, except b: two waves of streams
     at full concurrency (with a duration, a slower target would run its last seconds at less)."""
     quick, found = options.quick, []
     if "a" in options.scenarios:
