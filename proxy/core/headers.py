@@ -25,17 +25,25 @@ def _named_by_connection(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> s
 
 
 def _end_to_end(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str], extra_drop: Iterable[str] = ()
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], extra_drop: Iterable[str] = (), *, underscores: bool = True
 ) -> CIMultiDict[str]:
     drop = HOP_BY_HOP | _named_by_connection(headers) | set(extra_drop)
-    return CIMultiDict((name, value) for name, value in headers.items() if name.lower() not in drop)
+    return CIMultiDict(
+        (name, value) for name, value in headers.items()
+        if name.lower() not in drop and (underscores or "_" not in name)
+    )
 
 
 def request_headers(
     headers: CIMultiDictProxy[str], *, client_ip: str | None, scheme: str, host: str | None, request_id: str
 ) -> CIMultiDict[str]:
-    """What goes upstream: the client's end-to-end headers plus X-Forwarded-* and X-Request-Id."""
-    out = _end_to_end(headers, _REQUEST_DROP)
+    """What goes upstream: the client's end-to-end headers plus X-Forwarded-* and X-Request-Id.
+
+    Names with an underscore are dropped, as nginx does by default (`underscores_in_headers off`): a
+    backend that reads headers CGI-style folds `X_Api_Key` and `X-Api-Key` into one name, so one could
+    pass for the other past a check in front of the proxy.
+    """
+    out = _end_to_end(headers, _REQUEST_DROP, underscores=False)
     if client_ip:
         prior = ", ".join(out.getall("X-Forwarded-For", ()))
         out.popall("X-Forwarded-For", None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import signal
 import socket
 from collections.abc import Iterator
@@ -133,19 +134,25 @@ async def test_a_whole_body_cut_by_shutdown_is_booked_shutdown() -> None:
 # --- 2. SIGTERM while a whole body is held: the drain's end is a 503 shutdown ------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 2: a held whole body gets 504 stall_timeout at shutdown")
 async def test_shutdown_while_a_whole_body_is_held_answers_503_shutdown() -> None:
+    """The drain's end gives a whole body still being read (nothing committed) a 503 `shutdown`.
+
+    The finding's 504 `stall_timeout` did not reproduce on this main (Content-Length, chunked and
+    close-delimited bodies trickled at 0.1 s all got the 503); this guards the rule through the rewrite.
+    """
     part_sent = asyncio.Event()
 
-    async def half_a_body(connection: Connection) -> None:
+    async def still_sending(connection: Connection) -> None:
         await connection.next_request()
-        body = chat_json("y" * 1000)
+        body = chat_json("y" * 100_000)
         await connection.send(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:100]))
-        part_sent.set()
-        await connection.wait_closed_by_peer()  # the rest never comes
+                              b"Content-Length: %d\r\n\r\n" % len(body))
+        for start in range(0, len(body), 100):  # 100 s of body: it is still coming at the drain's end
+            await connection.send(body[start:start + 100])
+            part_sent.set()
+            await asyncio.sleep(0.1)
 
-    upstream = RawUpstream(half_a_body)
+    upstream = RawUpstream(still_sending)
     proxy = ServeProcess(await upstream.start(), "--drain-timeout", "2")
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
@@ -181,13 +188,15 @@ async def test_a_stalled_upload_is_closed_after_its_408(fake: FakeProcess) -> No
 
         async def stall() -> None:
             reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mo")
-            head, body = await read_response(reader)
-            assert status_of(head) == 408
-            assert orjson.loads(body)["error"]["code"] == "client_timeout"
-            async with asyncio.timeout(2.5):  # closed at all, well before aiohttp's 5 s lingering close
-                assert await reader.read(-1) == b""
-            writer.close()
+            try:
+                writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mo")
+                head, body = await read_response(reader)
+                assert status_of(head) == 408
+                assert orjson.loads(body)["error"]["code"] == "client_timeout"
+                async with asyncio.timeout(2.5):  # closed at all, well before aiohttp's 5 s lingering close
+                    assert await reader.read(-1) == b""
+            finally:
+                writer.close()
 
         await asyncio.gather(*(stall() for _ in range(10)))
         await until(lambda: proxy.fds() <= baseline)
@@ -264,7 +273,7 @@ def _embeddings_stream(total_mib: int) -> tuple[bytes, list[bytes], bytes]:
 
 @pytest.mark.xfail(strict=True, reason="issue 18 finding 5: a whole upstream body is read into memory before it is judged")
 async def test_a_large_upstream_body_is_relayed_in_bounded_memory(http: aiohttp.ClientSession) -> None:
-    head, pieces, end = _embeddings_stream(256)
+    head, pieces, end = _embeddings_stream(96)
 
     async def large(connection: Connection) -> None:
         await connection.next_request()
@@ -286,7 +295,7 @@ async def test_a_large_upstream_body_is_relayed_in_bounded_memory(http: aiohttp.
                 tail = (tail + chunk)[-len(end):]
         assert received == sum(map(len, pieces)) + len(end)
         assert tail == end
-        assert proxy.memory("VmHWM") - baseline < 64 * MiB  # nginx relays it in 4 MiB; today ~2x the body
+        assert proxy.memory("VmHWM") - baseline < 48 * MiB  # nginx relays it in 4 MiB; today ~10x the body
     finally:
         proxy.stop()
         await upstream.close()
@@ -334,7 +343,7 @@ async def test_the_body_budget_bounds_the_memory_of_request_bodies(
         body = orjson.dumps({"model": "m", "input": "x" * (42 * 1000 * 1000)})  # three fit in the budget
 
         async def send() -> int:
-            async with http.post(f"{proxy.url}/v1/embeddings", data=body,
+            async with http.post(f"{proxy.url}/v1/embeddings", data=io.BytesIO(body),
                                  headers={"Content-Type": "application/json"}) as resp:
                 await resp.read()
                 return resp.status
