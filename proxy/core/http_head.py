@@ -7,7 +7,7 @@ line, not their sum) and the header timeout knows when the head is complete.
 
 from __future__ import annotations
 
-__all__ = ["HeadScanner", "HeadTooLarge"]
+__all__ = ["HeadScanner", "HeadTooLarge", "framing_error"]
 
 _ENDS = (b"\r\n\r\n", b"\n\n")
 
@@ -40,3 +40,14 @@ class HeadScanner:
             raise HeadTooLarge
         self._tail = window[-3:]
         return False
+
+
+def framing_error(version: tuple[int, int], transfer_encoding: str | None) -> str | None:
+    """Why a request's body framing is refused (for its 400), or None.
+
+    `Transfer-Encoding` is HTTP/1.1's: an HTTP/1.0 message that carries it is framed differently by
+    each hop that reads it (RFC 9112 section 6.1), which is how requests are smuggled; nginx refuses it.
+    """
+    if transfer_encoding is not None and version < (1, 1):
+        return "Transfer-Encoding is not allowed in an HTTP/1.0 request"
+    return None

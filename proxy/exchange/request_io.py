@@ -16,6 +16,7 @@ from yarl import URL
 from proxy.config import Config
 from proxy.core.dialects import Dialect
 from proxy.core.headers import request_headers
+from proxy.core.http_head import framing_error
 from proxy.core.lifecycle import Reason
 from proxy.core.record import ExchangeRecord
 from proxy.core.target import BadTarget, forwarded_target
@@ -32,6 +33,8 @@ _OVERLOADED = "the proxy is holding too many request bodies; retry later"
 
 
 async def read_body(request: web.BaseRequest, cfg: Config, budget: BodyBudget, ex: ExchangeRecord) -> bytes:
+    if (framing := framing_error(request.version, request.headers.get("Transfer-Encoding"))) is not None:
+        raise Refusal(Reason.BAD_REQUEST, framing)
     limit, announced = cfg.max_body_size, request.content_length
     if announced is not None and announced > limit:
         raise Refusal(Reason.BODY_TOO_LARGE, f"request body of {announced} bytes exceeds the limit of {limit} bytes")

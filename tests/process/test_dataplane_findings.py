@@ -271,7 +271,7 @@ def _embeddings_stream(total_mib: int) -> tuple[bytes, list[bytes], bytes]:
     return head, [start, *pieces], end
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 5: a whole upstream body is read into memory before it is judged")
+@pytest.mark.xfail(strict=True, reason="issue 18 finding 5: a whole upstream body is held before it is judged")
 async def test_a_large_upstream_body_is_relayed_in_bounded_memory(http: aiohttp.ClientSession) -> None:
     head, pieces, end = _embeddings_stream(96)
 
@@ -359,7 +359,7 @@ async def test_the_body_budget_bounds_the_memory_of_request_bodies(
 # --- 7. an upstream flooding interim responses --------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 7: a 100 Continue flood freezes the proxy, booked connect_failed")
+@pytest.mark.xfail(strict=True, reason="issue 18 finding 7: a 100 Continue flood freezes the proxy")
 async def test_a_flood_of_100_continue_is_a_bad_upstream_response(http: aiohttp.ClientSession) -> None:
     flooding = asyncio.Event()
     interim = b"HTTP/1.1 100 Continue\r\n\r\n" * 4096
@@ -400,7 +400,7 @@ async def test_a_flood_of_100_continue_is_a_bad_upstream_response(http: aiohttp.
 # --- 8. waiting for a pool slot is not connecting ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 8: a pool-slot wait ends in 504 first_byte_timeout at --connect-timeout")
+@pytest.mark.xfail(strict=True, reason="issue 18 finding 8: a pool-slot wait is a 504 at --connect-timeout")
 async def test_a_request_waiting_for_a_pool_slot_is_served_when_one_frees(http: aiohttp.ClientSession) -> None:
     held = asyncio.Event()
     release = asyncio.Event()
@@ -461,7 +461,6 @@ async def test_an_http2_request_line_is_505(recording: tuple[ServeProcess, RawUp
     assert upstream.connections == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 9: Transfer-Encoding on HTTP/1.0 is forwarded")
 async def test_transfer_encoding_on_http10_is_400(recording: tuple[ServeProcess, RawUpstream]) -> None:
     proxy, upstream = recording
     body = orjson.dumps(CHAT)
