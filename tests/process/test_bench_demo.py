@@ -189,10 +189,19 @@ def test_bench_quick_measures_direct_nginx_and_streamwarden(tmp_path: Path) -> N
         assert (never, failed) == ("0", "0")
         assert all(re.fullmatch(r"[\d.]+|-", cell) for cell in (p50, p95, top))
     assert re.search(r"^cost per content event\s+[\d.]+ us", out, re.M)
+    for title, latency in (("one client alone: whole answers", "answer"), ("one client alone: streams", "TTFT")):
+        table = _table(out, title)
+        assert re.match(r"^\s+direct\s+nginx\s+streamwarden$", table[1]), table
+        rows = {line[:22].strip(): line[22:].split() for line in table[3:]}
+        for pct in (50, 99):  # two decimals: the goals are fractions of a millisecond
+            cells = rows[f"{latency} p{pct} ms (added)"]
+            assert re.fullmatch(r"\d+\.\d\d", cells[0]), cells
+            assert all(re.fullmatch(r"\([+-]\d+\.\d\d\)", cell) for cell in cells[2::2]), cells
+        assert rows["ok / failed"][2::3] == ["0"] * 3
 
     figures = json.loads(out_json.read_text())
     assert figures["nginx"] == re.search(r"^nginx ([\d.]+):", out, re.M).group(1)  # type: ignore[union-attr]
-    assert sorted(figures["scenarios"]) == ["a", "b16", "c"]
+    assert sorted(figures["scenarios"]) == ["a", "b16", "c", "one_stream", "one_whole"]
     for key, unit in (("a", "event"), ("b16", "event"), ("c", "request")):
         targets = figures["scenarios"][key]["targets"]
         assert sorted(targets) == ["direct", "nginx", "streamwarden"]
@@ -205,9 +214,34 @@ def test_bench_quick_measures_direct_nginx_and_streamwarden(tmp_path: Path) -> N
         assert targets["nginx"]["cpu_vs_nginx"] == 1.0
     for key in ("a", "b16"):
         assert figures["scenarios"][key]["targets"]["streamwarden"]["ttft_p50_ms"] > 0
+    alone = figures["scenarios"]["one_whole"]
+    assert (alone["clients"], alone["one_client"], alone["stream"]) == (1, True, False)
+    assert alone["targets"]["streamwarden"]["added_total_p99_ms"] is not None
+    assert figures["scenarios"]["one_stream"]["targets"]["streamwarden"]["added_ttft_p99_ms"] is not None
     assert sorted(figures["abandon"]) == ["direct", "nginx", "streamwarden"]
     assert all(r["closes"] + r["ended_first"] == 10 and r["missed"] == 0 for r in figures["abandon"].values())
     assert len(figures["load_average_after"]) == 3
+
+
+@pytest.mark.timeout(120)  # a subprocess that starts the fake and streamwarden per scenario
+def test_bench_reports_b_at_each_stream_count_asked(tmp_path: Path) -> None:
+    """--b-streams 64,256,512: a table and figures per count (--quick scales them to 4, 16, 32)."""
+    out_json = tmp_path / "bench.json"
+    done = _bench("--quick", "--scenarios", "b", "--b-streams", "64,256,512,256", "--json", str(out_json))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for streams in (4, 16, 32):
+        table = _table(done.stdout, f"b: {streams} concurrent streams")
+        rows = {line[:22].strip(): line[22:].split() for line in table[3:]}
+        assert re.fullmatch(r"[\d.]+", rows["CPU-us per event"][-1]), rows
+        assert re.fullmatch(r"\(\+?-?[\d.]+\)", rows["TTFT p99 ms (added)"][-1]), rows
+        assert re.fullmatch(r"-?[\d.]+", rows["KB per stream (RSS)"][-1]), rows
+    figures = json.loads(out_json.read_text())
+    assert sorted(figures["scenarios"]) == ["b16", "b32", "b4"]  # 256 asked twice: measured once
+    for key in ("b4", "b16", "b32"):
+        streamwarden = figures["scenarios"][key]["targets"]["streamwarden"]
+        assert streamwarden["cpu_us_per_event"] > 0
+        assert streamwarden["added_ttft_p99_ms"] is not None
+        assert streamwarden["kb_per_stream"] is not None
 
 
 @pytest.mark.timeout(120)  # a subprocess that starts the fake, nginx and streamwarden per scenario
@@ -228,7 +262,7 @@ def test_bench_without_nginx_says_so_and_measures_the_rest() -> None:
         (["--rounds", "0"], "--rounds must be at least 1"),
         (["--b-streams", "64,x"], "--b-streams must be numbers"),
         (["--b-streams", "0"], "--b-streams must be from 1 to 4096"),
-        (["--scenarios", "a,z"], "--scenarios must be a list of a, b, c, abandon"),
+        (["--scenarios", "a,z"], "--scenarios must be a list of a, b, c, one, abandon"),
         (["--upstream", "ftp://x"], "--upstream must be an http:// or https:// URL"),
         (["--upstream", "http://127.0.0.1:8000/v1"], "--upstream is the backend's root URL, without /v1"),
     ],
@@ -290,6 +324,23 @@ def test_table_fits_80_columns_and_shows_the_ratios() -> None:
     assert figures["nginx"]["kb_per_stream"] == pytest.approx(32.0)  # 8 MiB over 256 streams
     assert "1520.0 (+1500.0)" in table
     assert "5.00x" in table
+
+
+def test_one_client_alone_shows_what_it_waits_for_in_hundredths() -> None:
+    whole = Scenario("one_whole", "one client alone: whole answers, one after another", 1, 2.0, False, 0,
+                     one_client=True)  # fmt: skip
+    def window(total: float) -> Window:
+        return Window(wall=2.0, ok=1000, ttfb=[total / 2] * 100, total=[total] * 99 + [total * 3], cpu=0.5)
+    figures = summarize(whole, {"direct": [window(0.0001)], "nginx": [window(0.0002)],
+                                "streamwarden": [window(0.0004)]})  # fmt: skip
+    table = format_scenario(whole, figures)
+    assert all(len(line) <= 80 for line in table.splitlines())
+    assert figures["streamwarden"]["added_total_p50_ms"] == pytest.approx(0.3)
+    assert figures["streamwarden"]["added_total_p99_ms"] == pytest.approx(0.3)
+    assert "answer p50 ms (added)" in table
+    assert "0.40 (+0.30)" in table
+    assert "TTFB" not in table  # the whole answer is what a lone client waits for
+    assert "KB per stream" not in table
 
 
 def test_a_saturated_upstream_or_client_is_named_under_the_table() -> None:

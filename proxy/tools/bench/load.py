@@ -35,6 +35,7 @@ class Scenario:
     delay_ms: int
     tokens: int = 100
     requests: int | None = None  # instead of the duration: this many in all (b: two waves at full concurrency)
+    one_client: bool = False  # one client alone: what the proxy adds to one request's latency, in µs
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Window:
     ttft: list[float] = field(default_factory=list)
     ttfe: list[float] = field(default_factory=list)
     ttfb: list[float] = field(default_factory=list)
+    total: list[float] = field(default_factory=list)  # the whole answer, to its last byte
     errors: list[str] = field(default_factory=list)
     cpu: float | None = None  # the target's CPU seconds over the window
     rss_idle: int | None = None
@@ -75,7 +77,8 @@ def _note(window: Window, exchange: Exchange) -> None:
         return
     window.ok += 1
     window.events += exchange.events
-    for values, value in ((window.ttft, exchange.ttft), (window.ttfe, exchange.ttfe), (window.ttfb, exchange.ttfb)):
+    for values, value in ((window.ttft, exchange.ttft), (window.ttfe, exchange.ttfe), (window.ttfb, exchange.ttfb),
+                          (window.total, exchange.total)):  # fmt: skip
         if value is not None:
             values.append(value)
 

@@ -1,10 +1,12 @@
 """`streamwarden bench`'s figures and tables: medians over rounds, what each proxy adds, 80 columns.
 
 Per target: the rate (events/s, or requests/s without streaming) and its ratio to direct; TTFT (first
-content event), TTFE (first event of any kind) and TTFB (first byte) p50/p99 and what the proxy adds
-over direct; the proxy's own CPU-µs per event (or per request) and its ratio to nginx's; its share of
-a core; its memory per concurrent stream (peak RSS during the rounds over its RSS when fresh, divided
-by the concurrency); and the upstream's and this client's share of a core, to show neither was the limit.
+content event), TTFE (first event of any kind), TTFB (first byte) and the whole answer (last byte)
+p50/p99 and what the proxy adds over direct; the proxy's own CPU-µs per event (or per request) and
+its ratio to nginx's; its share of a core; its memory per concurrent stream (peak RSS during the
+rounds over its RSS when fresh, divided by the concurrency); and the upstream's and this client's share
+of a core, to show neither was the limit. One client alone shows the latency it waits for, in hundredths
+of a millisecond: a stream's first token, a whole answer's last byte.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from proxy.tools.bench.load import Scenario, Window
 __all__ = ["format_abandons", "format_scenario", "percentile", "summarize"]
 
 Figures = dict[str, float | int | None]
-_LATENCIES = ("ttft", "ttfe", "ttfb")
+_LATENCIES = ("ttft", "ttfe", "ttfb", "total")
 _WIDTH = 19
 SATURATED = 0.85  # a share of a core above which the upstream or the client may be the limit
 
@@ -84,6 +86,14 @@ def _num(value: float | int | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+def _shown_latencies(scenario: Scenario) -> tuple[str, ...]:
+    """The latency rows of a table: one client alone shows what it waits for (the first token of a
+    stream, the last byte of a whole answer); a load shows every first-something."""
+    if scenario.one_client:
+        return ("ttft",) if scenario.stream else ("total",)
+    return ("ttft", "ttfe", "ttfb") if scenario.stream else ("ttfb",)
+
+
 def format_scenario(scenario: Scenario, figures: Mapping[str, Figures]) -> str:
     """One table: a row per figure, a column per target."""
     names = list(figures)
@@ -95,23 +105,25 @@ def format_scenario(scenario: Scenario, figures: Mapping[str, Figures]) -> str:
 
     row("events/s" if scenario.stream else "requests/s", lambda n, f: _num(f["rate"], ",.0f"))
     row("  vs direct", lambda n, f: _num(f["vs_direct"], ".2f", "x"))
-    for name in _LATENCIES if scenario.stream else ("ttfb",):
+    digits = 2 if scenario.one_client else 1  # one client alone: the goals are fractions of a millisecond
+    for name in _shown_latencies(scenario):
         for pct in (50, 99):
             key = f"{name}_p{pct}_ms"
 
             def latency(n: str, f: Figures, key: str = key) -> str:
-                text = _num(f[key], ".1f")
+                text = _num(f[key], f".{digits}f")
                 added = f[f"added_{key}"]
-                return text if n == "direct" or added is None else f"{text} ({added:+.1f})"
+                return text if n == "direct" or added is None else f"{text} ({added:+.{digits}f})"
 
-            row(f"{name.upper()} p{pct} ms (added)", latency)
+            label = "answer" if name == "total" else name.upper()
+            row(f"{label} p{pct} ms (added)", latency)
     row(f"CPU-us per {unit}", lambda n, f: _num(f[f"cpu_us_per_{unit}"], ".1f"))
     row("  vs nginx", lambda n, f: _num(f["cpu_vs_nginx"], ".2f", "x"))
     if scenario.stream:
         row("CPU-us per stream", lambda n, f: _num(f["cpu_us_per_request"], ",.0f"))
     row("  share of a core", lambda n, f: _num(None if f["cpu_core_share"] is None else f["cpu_core_share"] * 100,
                                                ".0f", "%"))  # fmt: skip
-    if scenario.stream:
+    if scenario.stream and not scenario.one_client:  # one stream's RSS is noise
         row("KB per stream (RSS)", lambda n, f: _num(f["kb_per_stream"], ".1f"))
     row("upstream, core share", lambda n, f: _num(None if f["upstream_core_share"] is None
                                                    else f["upstream_core_share"] * 100, ".0f", "%"))  # fmt: skip

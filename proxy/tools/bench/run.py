@@ -1,8 +1,9 @@
 """`streamwarden bench`: what the proxy costs, measured the way an operator would, beside nginx.
 
 Scenarios a (32 clients, streams of 100 chunks, no delay), b (N concurrent streams at 20 ms a chunk,
-the real LLM shape), c (32 clients, whole bodies) and the abandon test run against three targets:
-the upstream itself (direct), nginx (when it is on the PATH; `bench_targets.nginx_config`) and
+the real LLM shape), c (32 clients, whole bodies), one (one client alone, sequential requests: what the
+proxy adds to a whole answer and to a stream's first token) and the abandon test run against three
+targets: the upstream itself (direct), nginx (when it is on the PATH; `bench_targets.nginx_config`) and
 streamwarden at its default flags. The targets alternate inside each round and the figures are the
 medians of the rounds. The upstream is the fake's fast mode (`proxy.tools.fake.fast`), a raw-asyncio server
 that writes one event per socket write, and the load is a raw-asyncio client (`bench_client`): with
@@ -34,6 +35,7 @@ __all__ = ["BenchOptions", "add_arguments", "options_from_args", "run_bench"]
 
 _ABANDON = (300, 20, 100)  # streams, ms per chunk, chunks
 _ABANDON_QUICK = (30, 5, 20)
+_ALL = ("a", "b", "c", "one", "abandon")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class BenchOptions:
     upstream: URL | None = None
     rounds: int = 3
     b_streams: tuple[int, ...] = (256,)
-    scenarios: tuple[str, ...] = ("a", "b", "c", "abandon")
+    scenarios: tuple[str, ...] = ("a", "b", "c", "one", "abandon")
     quick: bool = False
     json_path: Path | None = None
     seed: int = 1
@@ -54,8 +56,9 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                        help="a running backend's root URL: direct vs proxied (default: the built-in fast fake)")
     bench.add_argument("--rounds", type=int, default=None, help="alternated rounds, medians reported (default 3)")
     bench.add_argument("--b-streams", default="256", metavar="N[,N...]",
-                       help="concurrent streams of scenario b, e.g. 64,128,256,512 (default 256)")
-    bench.add_argument("--scenarios", default="a,b,c,abandon", metavar="LIST", help="which to run (default: all)")
+                       help="concurrent streams of scenario b, e.g. 64,256,512 (default 256)")
+    bench.add_argument("--scenarios", default=",".join(_ALL), metavar="LIST",
+                       help="which to run, of a, b, c, one (one client alone), abandon (default: all)")
     bench.add_argument("--quick", action="store_true", help="tiny runs that only show it works (for tests)")
     bench.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON to PATH")
     bench.add_argument("--seed", type=int, default=1, help="the abandon test's random plan")
@@ -76,15 +79,15 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     if rounds < 1:
         raise ValueError("--rounds must be at least 1")
     try:
-        b_streams = tuple(int(part) for part in args.b_streams.split(","))
+        b_streams = tuple(dict.fromkeys(int(part) for part in args.b_streams.split(",")))  # each once, in order
     except ValueError:
         raise ValueError(f"--b-streams must be numbers separated by commas, got {args.b_streams!r}") from None
     if not b_streams or min(b_streams) < 1 or max(b_streams) > 4096:
         raise ValueError("--b-streams must be from 1 to 4096")
     scenarios = tuple(part.strip() for part in args.scenarios.split(",") if part.strip())
-    unknown = [name for name in scenarios if name not in ("a", "b", "c", "abandon")]
+    unknown = [name for name in scenarios if name not in _ALL]
     if unknown or not scenarios:
-        raise ValueError(f"--scenarios must be a list of a, b, c, abandon, got {args.scenarios!r}")
+        raise ValueError(f"--scenarios must be a list of {', '.join(_ALL)}, got {args.scenarios!r}")
     return BenchOptions(upstream, rounds, b_streams, scenarios, args.quick,
                         Path(args.json) if args.json else None, args.seed, tuple(args.proxy_arg))  # fmt: skip
 
@@ -98,14 +101,21 @@ def _scenarios(options: BenchOptions) -> list[Scenario]:
         found.append(Scenario("a", f"a: {clients} clients, streams of 100 chunks, no delay",
                               clients, 0.3 if quick else 2.0, True, 0))  # fmt: skip
     if "b" in options.scenarios:
-        for streams in options.b_streams:
-            streams = min(streams, 16) if quick else streams
+        # --quick keeps each count apart (64, 256, 512 -> 4, 16, 32), so that each gets its own table.
+        counts = dict.fromkeys(max(2, n // 16) if quick else n for n in options.b_streams)
+        for streams in counts:
             delay = 2 if quick else 20
             found.append(Scenario(f"b{streams}", f"b: {streams} concurrent streams, {delay} ms per chunk",
                                   streams, 0, True, delay, 20 if quick else 100, requests=2 * streams))  # fmt: skip
     if "c" in options.scenarios:
         clients = 8 if quick else 32
         found.append(Scenario("c", f"c: {clients} clients, non-streaming", clients, 0.3 if quick else 2.0, False, 0))
+    if "one" in options.scenarios:  # sequential requests of one client: the latency a lone user sees added
+        seconds = 0.3 if quick else 2.0
+        found.append(Scenario("one_whole", "one client alone: whole answers, one after another", 1, seconds,
+                              False, 0, one_client=True))  # fmt: skip
+        found.append(Scenario("one_stream", "one client alone: streams of 100 chunks, one after another", 1,
+                              seconds, True, 0, one_client=True))  # fmt: skip
     return found
 
 
@@ -255,7 +265,7 @@ def _json(options: BenchOptions, run: _Run, scenarios: Sequence[Scenario]) -> by
         out["scenarios"][key] = {  # type: ignore[index]
             "title": scenario.title, "clients": scenario.clients,
             "duration_s": None if scenario.requests else scenario.duration, "requests": scenario.requests,
-            "stream": scenario.stream, "delay_ms": scenario.delay_ms,
+            "stream": scenario.stream, "delay_ms": scenario.delay_ms, "one_client": scenario.one_client,
             "targets": summarize(scenario, per_target),
             "rounds": {name: [{"wall_s": w.wall, "ok": w.ok, "failed": w.failed, "events": w.events,
                                "cpu_s": w.cpu, "upstream_cpu_s": w.upstream_cpu, "client_cpu_s": w.client_cpu,
