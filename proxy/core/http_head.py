@@ -7,7 +7,7 @@ line, not their sum) and the header timeout knows when the head is complete.
 
 from __future__ import annotations
 
-__all__ = ["HeadScanner", "HeadTooLarge", "framing_error"]
+__all__ = ["HeadScanner", "HeadTooLarge", "framing_error", "request_line_refusal"]
 
 _ENDS = (b"\r\n\r\n", b"\n\n")
 
@@ -17,15 +17,19 @@ class HeadTooLarge(Exception):
 
 
 class HeadScanner:
-    __slots__ = ("_limit", "_tail", "size")
+    __slots__ = ("_limit", "_line", "_tail", "request_line", "size")
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._tail = b""  # the last bytes seen, so that an end split across reads is found
+        self._line = b""  # the request line so far, until its end is seen
+        self.request_line: bytes | None = None  # once complete, without its line end
         self.size = 0  # head bytes seen so far (leading empty lines included)
 
     def feed(self, data: bytes) -> bool:
         """True when the head ended within `data`; raises HeadTooLarge past the bound."""
+        if self.request_line is None:
+            self._find_request_line(data)
         window = self._tail + data
         ends = [i + len(end) for end in _ENDS if (i := window.find(end)) >= 0]
         if ends:
@@ -41,6 +45,15 @@ class HeadScanner:
         self._tail = window[-3:]
         return False
 
+    def _find_request_line(self, data: bytes) -> None:
+        line = (self._line + data).lstrip(b"\r\n")  # empty lines before a request are ignored (RFC 9112 2.2)
+        end = line.find(b"\n")
+        if end < 0:
+            self._line = line  # bounded with the head: the caller stops feeding past the limit
+            return
+        self.request_line = line[:end].rstrip(b"\r")
+        self._line = b""
+
 
 def framing_error(version: tuple[int, int], transfer_encoding: str | None) -> str | None:
     """Why a request's body framing is refused (for its 400), or None.
@@ -50,4 +63,25 @@ def framing_error(version: tuple[int, int], transfer_encoding: str | None) -> st
     """
     if transfer_encoding is not None and version < (1, 1):
         return "Transfer-Encoding is not allowed in an HTTP/1.0 request"
+    return None
+
+
+_PHRASES = {405: "the TRACE method is not allowed", 505: "only HTTP/1.0 and HTTP/1.1 are served on this port"}
+
+
+def request_line_refusal(line: bytes) -> tuple[int, str] | None:
+    """The status and message of a request line nginx refuses though it parses, or None.
+
+    A version other than HTTP/1.x gets 505 (the answer would be framed as HTTP/1 anyway), and TRACE
+    gets 405: it would echo the request's headers, credentials included, back from the backend.
+    Anything malformed is left to the HTTP parser, which answers 400.
+    """
+    parts = line.split(b" ")
+    if len(parts) != 3:
+        return None
+    method, _target, version = parts
+    if version.startswith(b"HTTP/") and not version.startswith(b"HTTP/1."):
+        return 505, _PHRASES[505]
+    if method == b"TRACE":
+        return 405, _PHRASES[405]
     return None

@@ -9,7 +9,8 @@ traceback on stderr. This layer adds what nginx does by default:
   An idle keep-alive connection is closed after `--client-keepalive-timeout` (aiohttp's own timer).
 - `--max-header-size`: the request line plus headers, in total; beyond it 431 and close.
 - `--max-client-connections`: beyond it a new connection gets a 503 and is closed.
-- a request the HTTP parser rejects gets a JSON 400 and is logged and counted (`bad_request`).
+- a request the HTTP parser rejects gets a JSON 400 and is logged and counted (`bad_request`); a
+  request line nginx refuses though it parses (TRACE: 405, a version other than HTTP/1.x: 505) too.
 
 Each refusal is written straight to the socket (no request is in progress on it, so no response
 can be interleaved), counted and logged by the books like any other exchange.
@@ -26,7 +27,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 
 from proxy.core.dialects import DIALECTS
-from proxy.core.http_head import HeadScanner, HeadTooLarge
+from proxy.core.http_head import HeadScanner, HeadTooLarge, request_line_refusal
 from proxy.exchange.forward import handle
 from proxy.exchange.state import ProxyState
 from proxy.observe.books import Books
@@ -34,8 +35,8 @@ from proxy.observe.books import Books
 __all__ = ["ClientConnection", "ConnectionRules", "ProxyServer", "make_handler"]
 
 _OTHER = DIALECTS["other"]
-_PHRASES = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
-            503: "Service Unavailable"}
+_PHRASES = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout",
+            431: "Request Header Fields Too Large", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,10 @@ class ClientConnection(web.RequestHandler):
             except HeadTooLarge:
                 limit = self._server.rules.max_header_size
                 self._refuse(431, "bad_request", f"the request line and headers exceed {limit} bytes")
+                return
+            if head.request_line is not None and (refusal := request_line_refusal(head.request_line)):
+                status, message = refusal  # a method or version nginx refuses: no request is made of it
+                self._refuse(status, "bad_request", message)
                 return
             if complete:
                 self._head = None

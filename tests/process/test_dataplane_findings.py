@@ -453,12 +453,13 @@ async def recording() -> Any:
     await upstream.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 9: an HTTP/2.0 request line is answered in HTTP/1 framing")
 async def test_an_http2_request_line_is_505(recording: tuple[ServeProcess, RawUpstream]) -> None:
     proxy, upstream = recording
     raw = await exchange_raw(proxy.port, b"GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n")
     assert raw.startswith(b"HTTP/1.1 505 ")
+    assert body_of(raw)["error"]["code"] == "bad_request"
     assert upstream.connections == []
+    await proxy.line(lambda line: line["status"] == 505 and line["reason"] == "bad_request")
 
 
 async def test_transfer_encoding_on_http10_is_400(recording: tuple[ServeProcess, RawUpstream]) -> None:
@@ -471,12 +472,13 @@ async def test_transfer_encoding_on_http10_is_400(recording: tuple[ServeProcess,
     assert upstream.connections == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 9: TRACE is forwarded")
 async def test_trace_is_405(recording: tuple[ServeProcess, RawUpstream]) -> None:
     proxy, upstream = recording
     raw = await exchange_raw(proxy.port, b"TRACE /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert status_of(raw) == 405
+    assert body_of(raw)["error"]["code"] == "bad_request"
     assert upstream.connections == []
+    await proxy.line(lambda line: line["status"] == 405 and line["reason"] == "bad_request")
 
 
 async def test_header_names_with_underscores_are_dropped(recording: tuple[ServeProcess, RawUpstream]) -> None:

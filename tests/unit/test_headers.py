@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.headers import request_headers, response_headers
-from proxy.core.http_head import framing_error
+from proxy.core.http_head import HeadScanner, framing_error, request_line_refusal
 
 
 def _forwarded(*pairs: tuple[str, str]) -> CIMultiDict[str]:
@@ -31,3 +32,28 @@ def test_transfer_encoding_is_refused_on_http10_only() -> None:
     assert framing_error((1, 0), "chunked") is not None
     assert framing_error((1, 0), None) is None
     assert framing_error((1, 1), "chunked") is None
+
+
+@pytest.mark.parametrize(
+    ("line", "status"),
+    [
+        (b"GET /v1/models HTTP/2.0", 505),
+        (b"PRI * HTTP/2.0", 505),  # an h2 preface on the HTTP/1 port
+        (b"TRACE /v1/models HTTP/1.1", 405),
+        (b"GET /v1/models HTTP/1.1", None),
+        (b"POST /v1/chat/completions HTTP/1.0", None),
+        (b"GET /v1/models", None),  # malformed: the parser's 400
+    ],
+)
+def test_request_lines_nginx_refuses(line: bytes, status: int | None) -> None:
+    refusal = request_line_refusal(line)
+    assert (refusal[0] if refusal else None) == status
+
+
+@pytest.mark.parametrize("split", range(1, 30))
+def test_the_request_line_is_found_at_any_split(split: int) -> None:
+    head = b"\r\nTRACE /x HTTP/1.1\r\nHost: x\r\n\r\n"
+    scanner = HeadScanner(1024)
+    scanner.feed(head[:split])
+    assert scanner.feed(head[split:])
+    assert scanner.request_line == b"TRACE /x HTTP/1.1"
