@@ -6,7 +6,8 @@ traceback on stderr. This layer adds what nginx does by default:
 
 - `--client-header-timeout`: the request line and headers must arrive within it (from the accept,
   or from the first byte of a keep-alive connection's next request); else 408 and close.
-  An idle keep-alive connection is closed after `--client-keepalive-timeout` (aiohttp's own timer).
+  An idle keep-alive connection is closed after `--client-keepalive-timeout` (aiohttp's own timer,
+  which a head that has begun holds off: a partial head always ends in its 408).
 - `--max-header-size`: the request line plus headers, in total; beyond it 431 and close.
 - `--max-client-connections`: beyond it a new connection gets a 503 and is closed.
 - a request the HTTP parser rejects gets a JSON 400 and is logged and counted (`bad_request`); a
@@ -116,6 +117,20 @@ class ClientConnection(web.RequestHandler):
                 self._head = None
                 self._disarm_head_timer()
         super().data_received(data)
+
+    def _process_keepalive(self) -> None:
+        """aiohttp's keep-alive timer, held off while a request head is arriving.
+
+        Once a byte of a request has come, only --client-header-timeout applies (nginx's
+        keepalive_timeout also covers an idle connection only): that head ends in its 408, never in
+        a silent close because the keep-alive timeout happened to be the shorter one. aiohttp arms
+        the timer again after the next response.
+        """
+        head = self._head
+        if head is not None and head.size > 0:
+            self._keepalive_handle = None
+            return
+        super()._process_keepalive()
 
     # ---- called by the proxy's handler --------------------------------------------------------
 

@@ -207,7 +207,6 @@ async def test_a_stalled_upload_is_closed_after_its_408(fake: FakeProcess) -> No
 # --- 4. a trickled request head: one rule for every unfinished head ---------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 4: the keep-alive timer closes an unfinished head silently")
 async def test_an_unfinished_request_head_gets_a_408_then_the_close(fake: FakeProcess) -> None:
     """The rule: a client that has sent part of a request head (even part of the request line) and
     no more within --client-header-timeout gets a JSON 408 `client_timeout`, booked, and its
