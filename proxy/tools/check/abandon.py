@@ -1,0 +1,210 @@
+"""The probes that need the backend's own books: does closing a stream stop the generation, does a
+conversation id keep it running for replay, and is a trailing assistant message continued.
+
+Abandonment is measured from the backend's generated-token counter (``backends``): wait until it is
+idle, note the counter, stream a long answer, close after a few content events, wait until it is idle
+again, and compare what it generated with what had arrived. Without such a counter the answer is
+``unknown``; the check never calls an abort or cancel API itself (it changes nothing on the backend),
+so a generation that runs on is waited for (its length is bounded by the probe's ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+
+from proxy.sse import Event, StatusBlock
+from proxy.tools.check.backends import metric_sum
+from proxy.tools.check.client import Stream, Unreachable
+from proxy.tools.check.probes import Context
+from proxy.tools.check.report import FAIL, OK, QUIRK, UNKNOWN, Finding
+from proxy.tools.check.requests import DIALECTS, PROMPT, chat_body, content_of
+from proxy.tools.check.verdicts import judge_abort, judge_prefill, message_of
+
+__all__ = ["probe_conversation_replay", "probe_prefill", "probe_stops_generation"]
+
+ABANDON_TOKENS = 192  # the stream's max_tokens: a run to its end is unmistakable, and bounded
+RECEIVED = 8  # content events read before the close
+SETTLE_TIMEOUT = 90.0  # seconds for the backend to be idle again (a run-on of ABANDON_TOKENS included)
+POLL = 0.1
+CONVERSATION_HEADER = "X-Conversation-Id"
+_CHAT = DIALECTS["chat_completions"]
+T = TypeVar("T")
+
+
+class _NotMeasured(Exception):
+    """The probe could not measure; the message says why (``unknown`` or ``fail``)."""
+
+    def __init__(self, result: str, detail: str) -> None:
+        super().__init__(detail)
+        self.result, self.detail = result, detail
+
+
+async def _metrics(ctx: Context) -> str:
+    reply = await ctx.upstream.get("/metrics")
+    if reply.status != 200:
+        raise _NotMeasured(UNKNOWN, f"GET /metrics answered {reply.status} during the probe")
+    return reply.body.decode("utf-8", "replace")
+
+
+async def _idle_count(ctx: Context) -> float:
+    """The generated-token counter once nothing runs and it stopped moving (bounded wait)."""
+    backend = ctx.backend
+    assert backend is not None
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    last: float | None = None
+    while True:
+        text = await _metrics(ctx)
+        count = metric_sum(text, backend.generated)
+        running = metric_sum(text, backend.running) or 0.0
+        if count is None:
+            raise _NotMeasured(UNKNOWN, f"{backend.generated} disappeared from /metrics")
+        if running == 0 and count == last:
+            return count
+        last = count if running == 0 else None
+        if time.monotonic() > deadline:
+            busy = f"{backend.running} {running:g}"
+            raise _NotMeasured(UNKNOWN, f"the backend was still busy ({busy}) after {SETTLE_TIMEOUT:g} s")
+        await asyncio.sleep(POLL)
+
+
+async def _chat_stream(
+    ctx: Context,
+    body: dict[str, Any],
+    consume: Callable[[Stream, AsyncIterator[Event | StatusBlock]], Awaitable[T]],
+    headers: dict[str, str] | None = None,
+) -> T:
+    """A streamed chat request with ``ignore_eos`` (so the answer runs to max_tokens), sent again
+    without it when the backend rejects the field; ``consume`` reads it, and leaving closes it."""
+    for attempt in ({**body, "ignore_eos": True}, body):
+        async with ctx.upstream.stream(_CHAT, attempt, headers) as (stream, items):
+            if stream.status == 400 and attempt is not body:
+                continue
+            return await consume(stream, items)
+    raise AssertionError("unreachable")  # the second attempt always returns
+
+
+async def _abandon(ctx: Context, headers: dict[str, str] | None) -> tuple[int, float]:
+    """Stream, close after RECEIVED content events; (events received, tokens the backend generated)."""
+    before = await _idle_count(ctx)
+
+    async def read_some(stream: Stream, items: AsyncIterator[Event | StatusBlock]) -> int:
+        received = 0
+        async for item in items:
+            if stream.status != 200:
+                continue
+            if isinstance(item, Event) and item.has_data and content_of("chat_completions", _json(item)):
+                received += 1
+                if received >= RECEIVED:
+                    break
+        if stream.status != 200:
+            raise _NotMeasured(FAIL, f"the stream was answered {stream.status}: {message_of(stream.body)}")
+        return received
+
+    received = await _chat_stream(ctx, chat_body(ctx.model, ABANDON_TOKENS, stream=True), read_some, headers)
+    if received < RECEIVED:
+        raise _NotMeasured(UNKNOWN, f"the stream ended after {received} content events, before the close")
+    return received, await _idle_count(ctx) - before
+
+
+def _json(event: Event) -> Any:
+    try:
+        return orjson.loads(event.data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def probe_stops_generation(ctx: Context) -> Finding:
+    if ctx.backend is None:
+        return Finding(
+            "abort.stops_generation", UNKNOWN,
+            "no generated-token counter in the backend's /metrics (llamacpp:, vllm:, sglang:) to measure with",
+        )  # fmt: skip
+    try:
+        received, generated = await _abandon(ctx, None)
+    except _NotMeasured as exc:
+        return Finding("abort.stops_generation", exc.result, exc.detail)
+    except Unreachable as exc:
+        return Finding("abort.stops_generation", FAIL, f"no answer: {exc}")
+    result, detail, went_on = judge_abort(received, generated, ABANDON_TOKENS)
+    flags: tuple[str, ...] = ()
+    if went_on:
+        hook = ctx.backend.abort_hook
+        flags = (f"--cancel-hook {hook}",) if hook else ()
+        detail += "; a --cancel-hook calling the backend's abort API is needed" if hook else (
+            "; closing the connection does not stop this backend and it has no abort API the check knows"
+        )
+    return Finding("abort.stops_generation", result, f"{ctx.backend.generated}: {detail}", flags)
+
+
+async def probe_conversation_replay(ctx: Context, plain: Finding | None) -> Finding:
+    if ctx.backend is None:
+        return Finding("abort.conversation_replay", UNKNOWN, "no generated-token counter to measure with")
+    if plain is None or plain.result != OK:
+        return Finding(
+            "abort.conversation_replay", UNKNOWN,
+            "a plain close does not measurably stop generation, so a conversation id cannot be told apart",
+        )  # fmt: skip
+    conversation = f"streamwarden-check-{uuid.uuid4().hex[:12]}"
+    try:
+        received, generated = await _abandon(ctx, {CONVERSATION_HEADER: conversation})
+    except _NotMeasured as exc:
+        return Finding("abort.conversation_replay", exc.result, exc.detail)
+    except Unreachable as exc:
+        return Finding("abort.conversation_replay", FAIL, f"no answer: {exc}")
+    what = f"the close with {CONVERSATION_HEADER}"
+    result, detail, went_on = judge_abort(received, generated, ABANDON_TOKENS, what=what)
+    if went_on:
+        return Finding(
+            "abort.conversation_replay", QUIRK,
+            f"{detail}: the backend keeps the stream for replay (llama.cpp#23226); the hook ends it",
+            ("--cancel-hook llama-conversation",),
+        )  # fmt: skip
+    if result == OK:
+        return Finding("abort.conversation_replay", OK, f"no replay: {detail}")
+    return Finding("abort.conversation_replay", result, detail)
+
+
+async def _deltas(ctx: Context, body: dict[str, Any]) -> tuple[Stream, list[str]]:
+    async def read_all(stream: Stream, items: AsyncIterator[Event | StatusBlock]) -> tuple[Stream, list[str]]:
+        texts: list[str] = []
+        async for item in items:
+            if isinstance(item, Event) and item.has_data:
+                text = content_of("chat_completions", _json(item))
+                if text:
+                    texts.append(text)
+        return stream, texts
+
+    return await _chat_stream(ctx, body, read_all)
+
+
+async def probe_prefill(ctx: Context) -> Finding:
+    """Greedy answer A; then the same request with A's first deltas as a trailing assistant message
+    (and vLLM/SGLang's `continue_final_message`): does the rest of A follow, and is the prefix echoed?"""
+    if not ctx.served.get("chat_completions"):
+        return Finding("resume.prefill", UNKNOWN, "chat completions are not served")
+    cut = 3
+    try:
+        stream, fresh = await _deltas(ctx, chat_body(ctx.model, 12, stream=True))
+        if stream.status != 200 or len(fresh) < cut + 3:
+            return Finding("resume.prefill", UNKNOWN, f"a greedy answer of {len(fresh)} content events is too short")
+        messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "".join(fresh[:cut])}]
+        body = chat_body(ctx.model, 8, stream=True, continue_final_message=True, add_generation_prompt=False)
+        body["messages"] = messages
+        stream, continued = await _deltas(ctx, body)
+        fields = "with continue_final_message"
+        if stream.status == 400:
+            del body["continue_final_message"], body["add_generation_prompt"]
+            stream, continued = await _deltas(ctx, body)
+            fields = "without continue_final_message (rejected)"
+    except Unreachable as exc:
+        return Finding("resume.prefill", FAIL, f"no answer: {exc}")
+    if stream.status != 200:
+        return Finding("resume.prefill", FAIL, f"a trailing assistant message was answered {stream.status}")
+    result, detail = judge_prefill(fresh, continued, cut)
+    return Finding("resume.prefill", result, f"{detail} ({fields})")

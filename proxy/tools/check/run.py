@@ -1,0 +1,138 @@
+"""`streamwarden check`: run the probes one after another against one backend, print the table, and
+write the JSON report. Exit 0 whenever a report was made; 2 with one line for a bad argument or a
+backend that cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from yarl import URL
+
+from proxy.tools.check.abandon import probe_conversation_replay, probe_prefill, probe_stops_generation
+from proxy.tools.check.client import Unreachable, Upstream
+from proxy.tools.check.probes import (
+    Context,
+    probe_context_overflow,
+    probe_dialect,
+    probe_health,
+    probe_malformed_json,
+    probe_metrics,
+    probe_stream_terminal,
+    probe_stream_usage,
+)
+from proxy.tools.check.report import PROBE_IDS, Report, render_table
+from proxy.tools.check.requests import DIALECTS
+
+__all__ = ["CheckOptions", "add_arguments", "main", "options_from_args", "run_check"]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOptions:
+    upstream: str
+    model: str | None = None
+    api_key: str | None = None
+    json_path: Path | None = None
+    timeout: float = 30.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--upstream", required=True, metavar="URL", help="the backend's root URL (http://host:port)")
+    parser.add_argument("--model", metavar="NAME", help="the model to ask (default: the first /v1/models lists)")
+    parser.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer and x-api-key")
+    parser.add_argument("--json", metavar="PATH", dest="json_path", help="also write the report as JSON here")
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, metavar="SECONDS", help="bound for each probe request (30)"
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> CheckOptions:
+    """``ValueError`` with one line for a bad value."""
+    url = URL(args.upstream)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"--upstream must be an http:// or https:// URL, got {args.upstream!r}")
+    if url.query_string or url.fragment:
+        raise ValueError("--upstream must be a root URL without a query or fragment")
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    json_path = Path(args.json_path) if args.json_path else None
+    if json_path is not None and not json_path.parent.is_dir():
+        raise ValueError(f"--json: the directory {str(json_path.parent)!r} does not exist")
+    model = args.model or None
+    if args.model is not None and not args.model.strip():
+        raise ValueError("--model must not be empty")
+    return CheckOptions(str(url), model, args.api_key or None, json_path, float(args.timeout))
+
+
+def _first_model(body: Any) -> str | None:
+    data = body.get("data") if isinstance(body, dict) else None
+    for entry in data if isinstance(data, list) else ():
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"]:
+            return str(entry["id"])
+    return None
+
+
+def _server(upstream: Upstream, ctx: Context) -> str | None:
+    """What identifies the backend: its metrics' known prefix, its Server header, /v1/models' owned_by."""
+    parts = []
+    if ctx.backend is not None:
+        parts.append(ctx.backend.name)
+    if upstream.server_header:
+        parts.append(f"Server: {upstream.server_header}")
+    data = ctx.models_body.get("data") if isinstance(ctx.models_body, dict) else None
+    owner = data[0].get("owned_by") if isinstance(data, list) and data and isinstance(data[0], dict) else None
+    if isinstance(owner, str) and owner and not parts:
+        parts.append(f"models owned_by {owner}")
+    return "; ".join(parts) or None
+
+
+async def run_check(options: CheckOptions) -> Report:
+    """Every probe, one request at a time. ``Unreachable`` when the first request gets no answer."""
+    report = Report(options.upstream)
+    async with Upstream(options.upstream, api_key=options.api_key, timeout=options.timeout) as upstream:
+        models = await upstream.get("/v1/models")  # Unreachable here: nothing listens
+        models_body = models.json() if models.status == 200 else None
+        model = options.model or _first_model(models_body)
+        if model is None:
+            raise Unreachable(f"GET /v1/models answered {models.status} with no model: give --model NAME")
+        report.model = model
+        ctx = Context(upstream, model, models_body)
+        found = {}
+        metrics = await probe_metrics(ctx)  # first: the abort probes count with its counters
+        for dialect in DIALECTS:
+            found[f"dialect.{dialect}"] = await probe_dialect(ctx, dialect)
+        found["stream.terminal"] = await probe_stream_terminal(ctx)
+        found["stream.usage"] = await probe_stream_usage(ctx)
+        found["errors.malformed_json"] = await probe_malformed_json(ctx)
+        found["errors.context_overflow"] = await probe_context_overflow(ctx)
+        found["abort.stops_generation"] = plain = await probe_stops_generation(ctx)
+        found["abort.conversation_replay"] = await probe_conversation_replay(ctx, plain)
+        found["resume.prefill"] = await probe_prefill(ctx)
+        found["health"] = await probe_health(ctx)
+        found["metrics"] = metrics
+        for probe_id in PROBE_IDS:
+            report.add(found[probe_id])
+        report.server = _server(upstream, ctx)
+    return report
+
+
+def main(options: CheckOptions) -> int:
+    try:
+        report = asyncio.run(run_check(options))
+    except Unreachable as exc:
+        print(f"streamwarden check: cannot reach {options.upstream}: {exc}", file=sys.stderr)
+        return 2
+    print(render_table(report), flush=True)
+    if options.json_path is not None:
+        try:
+            options.json_path.write_bytes(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+        except OSError as exc:
+            print(f"streamwarden check: cannot write {options.json_path}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    return 0

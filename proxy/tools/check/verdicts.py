@@ -1,0 +1,224 @@
+"""Sans-IO verdicts: from what a probe saw (statuses, bodies, SSE items, counter deltas) to a finding.
+
+Kept apart from the I/O so that every rule is a plain function the unit tests can feed directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.sse import Event, StatusBlock
+from proxy.tools.check.client import error_message
+from proxy.tools.check.report import FAIL, OK, QUIRK, UNKNOWN, UNSUPPORTED
+from proxy.tools.check.requests import is_terminal
+
+__all__ = [
+    "UNSUPPORTED_STATUSES",
+    "judge_abort",
+    "judge_context_overflow",
+    "judge_dialect",
+    "judge_malformed_json",
+    "judge_prefill",
+    "judge_stream",
+    "judge_usage",
+    "message_of",
+]
+
+UNSUPPORTED_STATUSES = frozenset({404, 405, 501})
+_TERMINAL_NAME = {
+    "chat_completions": "[DONE]",
+    "completions": "[DONE]",
+    "responses": "response.completed",
+    "messages": "message_stop",
+}
+
+
+def message_of(body: bytes) -> str:
+    """A short description of an error body: its message in any backend's shape, else its first line."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    message = error_message(parsed)
+    if message is None:
+        lines = body.decode("utf-8", "replace").strip().splitlines()
+        message = lines[0] if lines else "(empty body)"
+    return message[:160]
+
+
+def judge_dialect(status: int, body: bytes) -> tuple[str, str]:
+    if 200 <= status < 300:
+        try:
+            orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return FAIL, f"{status} with a body that is not JSON"
+        return OK, f"served ({status})"
+    if status in UNSUPPORTED_STATUSES:
+        return UNSUPPORTED, f"{status}: {message_of(body)}"
+    return FAIL, f"{status}: {message_of(body)}"
+
+
+def _data(event: Event) -> Any:
+    try:
+        return orjson.loads(event.data)
+    except orjson.JSONDecodeError:
+        return _NOT_JSON
+
+
+_NOT_JSON = object()
+
+
+def _error_shape(event: Event, data: Any) -> str | None:
+    """How an error event looks (``None``: not an error)."""
+    if event.event == "error":
+        return "an `event: error` frame"
+    if not isinstance(data, dict):
+        return None
+    if data.get("type") in ("error", "response.failed"):
+        return f"a {data['type']} event"
+    if isinstance(data.get("error"), dict):
+        return 'an OpenAI-shaped {"error": {...}} frame'
+    if isinstance(data.get("error"), str):
+        return 'a {"error": "text"} frame'
+    if data.get("object") == "error":
+        return 'a flat {"object": "error"} frame'
+    return None
+
+
+def judge_stream(dialect: str, items: list[Event | StatusBlock], cut: str | None) -> tuple[str, str]:
+    """A normal stream of ``dialect``: does it end as the dialect defines, and only that way?"""
+    events = 0
+    terminal = False
+    finishes: list[str] = []
+    malformed = 0
+    for item in items:
+        if isinstance(item, StatusBlock):
+            block = f"HTTP {item.status} {item.reason}"
+            return QUIRK, f"a stray HTTP block ({block}) inside the 200's body after {events} events"
+        if not item.has_data:
+            continue
+        events += 1
+        if dialect in ("chat_completions", "completions") and item.data.strip() == b"[DONE]":
+            terminal = True
+            continue
+        data = _data(item)
+        if data is _NOT_JSON:
+            malformed += 1
+            continue
+        shape = _error_shape(item, data)
+        if shape is not None:
+            message = error_message(data) or repr(item.data[:120])
+            return QUIRK, f"{shape} in a normal stream after {events - 1} events: {message}"
+        if is_terminal(dialect, item.event, data, item.data):
+            terminal = True
+        for choice in (data.get("choices") or ()) if isinstance(data, dict) else ():
+            if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+                finishes.append(choice["finish_reason"])
+    end = _TERMINAL_NAME[dialect]
+    if "abort" in finishes:
+        return QUIRK, (
+            'a choice ended with finish_reason "abort": an engine abort dressed as a success (the proxy makes '
+            "it an error, upstream_aborted)"
+        )
+    if cut is not None and not terminal:
+        return QUIRK, f"cut after {events} events without {end}: {cut}"
+    if malformed:
+        return QUIRK, f"{malformed} of {events} events carry data that is not JSON (the proxy drops them)"
+    if not terminal:
+        finished = f" after finish_reason {finishes[-1]!r}" if finishes else ""
+        return QUIRK, f"no {end}: the stream closed cleanly{finished} after {events} events (the proxy adds it)"
+    reason = f", finish_reason {finishes[-1]!r}" if finishes else ""
+    return OK, f"{events} events, ends with {end}{reason}"
+
+
+def judge_usage(items: list[Event | StatusBlock]) -> tuple[str, str]:
+    for item in reversed(items):
+        if not isinstance(item, Event) or not item.has_data:
+            continue
+        data = _data(item)
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            return OK, (
+                f"usage chunk with {usage.get('prompt_tokens')} prompt and {usage['completion_tokens']} "
+                "completion tokens"
+            )
+    return QUIRK, (
+        "stream_options.include_usage was ignored: no usage in the stream, so the proxy books estimated "
+        "tokens (source=estimated)"
+    )
+
+
+def judge_malformed_json(status: int, body: bytes) -> tuple[str, str]:
+    if 400 <= status < 500:
+        return OK, f"{status}: {message_of(body)}"
+    if status >= 500:
+        return QUIRK, f"{status}, which the SDKs retry (twice by default) in vain: {message_of(body)}"
+    return FAIL, f"{status}: a body that is not JSON was accepted"
+
+
+def judge_context_overflow(dialect: str, status: int, body: bytes, prompt_words: int) -> tuple[str, str]:
+    asked = f"a prompt of about {prompt_words} tokens"
+    if 200 <= status < 300:
+        return QUIRK, f"{asked} was answered {status}: the backend truncated or shifted the context silently"
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    message = message_of(body)
+    if status >= 500:
+        return QUIRK, f"{asked} was answered {status} (the SDKs retry it): {message}"
+    if dialect == "messages":
+        native = isinstance(parsed, dict) and parsed.get("type") == "error" and isinstance(parsed.get("error"), dict)
+    else:
+        error = parsed.get("error") if isinstance(parsed, dict) else None
+        native = isinstance(error, dict) and isinstance(error.get("message"), str)
+    if not native:
+        return QUIRK, f"{asked}: {status} in a foreign error shape (the proxy reshapes it): {message}"
+    return OK, f"{status} in the dialect's error shape: {message}"
+
+
+def judge_abort(
+    received: int, generated: float, max_tokens: int, *, what: str = "the client's close"
+) -> tuple[str, str, bool]:
+    """From the backend's own count of the tokens generated for one stream: did the close stop it?
+
+    ``received`` content events had arrived when the client closed; whatever the counter grew beyond
+    them was generated after the close. Stopped means less than half of what was left ran. Returns
+    (result, detail, went_on).
+    """
+    after = max(0.0, generated - received)
+    left = max_tokens - received
+    if generated < received or left <= 0:
+        return UNKNOWN, f"the backend counted {generated:.0f} tokens for a stream that delivered {received}", False
+    if after <= left / 2:
+        return OK, f"stopped: {after:.0f} tokens generated after {what} (of {left} left)", False
+    return QUIRK, f"went on: {after:.0f} tokens generated after {what} (of {left} left)", True
+
+
+def judge_prefill(fresh: list[str], continued: list[str], cut_at: int) -> tuple[str, str]:
+    """A trailing assistant message holding the first ``cut_at`` deltas of a greedy answer: is it
+    continued (the rest of that answer comes next), and is the prefix echoed in front of it?"""
+    prefix, rest = "".join(fresh[:cut_at]), "".join(fresh[cut_at:])
+    text = "".join(continued)
+    if not rest or not text:
+        return UNKNOWN, "the answers were too short to compare"
+    if prefix and text.startswith(prefix) and _same_start(text[len(prefix) :], rest):
+        return QUIRK, (
+            f"continued, but the prefix ({len(prefix)} characters) is echoed in front of the continuation "
+            "(--resume-on-cut must strip it)"
+        )
+    if _same_start(text, rest):
+        return OK, "a trailing assistant message is continued, the prefix is not echoed (what --resume-on-cut needs)"
+    return UNSUPPORTED, (
+        f"a trailing assistant message is not continued (a new answer starts: {text[:40]!r} instead of "
+        f"{rest[:40]!r}): --resume-on-cut cannot continue streams here"
+    )
+
+
+def _same_start(a: str, b: str) -> bool:
+    a, b = a.lstrip(), b.lstrip()
+    n = min(len(a), len(b), 12)
+    return n > 0 and a[:n] == b[:n]
+
