@@ -13,7 +13,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole command line: `serve`, `fake-upstream`, `demo`, `bench`."""
+    """The whole command line: `serve`, `fake-upstream`, `demo`, `bench`, `check`."""
     parser = argparse.ArgumentParser(prog="streamwarden", description="LLM streaming sidecar proxy")
     parser.add_argument("--version", action="version", version=f"streamwarden {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--host", default="127.0.0.1")
     fake.add_argument("--port", type=int, default=8000)
     fake.add_argument("--token-rate", type=float, default=20.0, help="content events per second (0: no delay)")
+    fake.add_argument("--quirk", metavar="NAME", help="a backend quirk shown on every request (docs/fake-upstream.md)")
     fake.add_argument("--fast", action="store_true",
                       help="the raw-asyncio chat backend of `bench` (pace from the model name: fast-20ms)")
     demo = sub.add_parser("demo", help="fake upstream + proxy + a guided tour, then exit")
@@ -30,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     from proxy.tools.bench.run import add_arguments as add_bench_arguments  # a tool: loaded only here
 
     add_bench_arguments(bench)
+    from proxy.tools.check.options import add_arguments as add_check_arguments  # the arguments only
+
+    add_check_arguments(sub.add_parser("check", help="probe a backend: its failure modes and the flags it needs"))
     return parser
 
 
@@ -69,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve(config)
         return 0
     if args.command == "fake-upstream":
+        if args.fast and args.quirk:
+            _subparser(parser, "fake-upstream").error("--quirk does not apply to --fast")
         if args.fast:
             from proxy.tools.fake.fast import main as run_fast
 
@@ -76,7 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         from proxy.tools.fake import FakeSettings, run
 
-        run(args.host, args.port, FakeSettings(token_rate=args.token_rate))
+        try:
+            settings = FakeSettings(token_rate=args.token_rate, quirk=args.quirk)
+        except ValueError as exc:
+            _subparser(parser, "fake-upstream").error(str(exc))
+        run(args.host, args.port, settings)
         return 0
     if args.command == "demo":
         try:
@@ -92,6 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             _subparser(parser, "bench").error(str(exc))
         return run_bench(options)
+    if args.command == "check":
+        from proxy.tools.check.options import options_from_args as check_options
+        from proxy.tools.check.run import main as run_check
+
+        try:
+            return run_check(check_options(args))
+        except ValueError as exc:
+            _subparser(parser, "check").error(str(exc))
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from proxy.sse import Event, StatusBlock
+from proxy.core.sse import Event, StatusBlock
 from proxy.tools.check.backends import metric_sum
 from proxy.tools.check.client import Stream, Unreachable
 from proxy.tools.check.probes import Context
@@ -146,9 +146,11 @@ async def probe_conversation_replay(ctx: Context, plain: Finding | None) -> Find
     if ctx.backend is None:
         return Finding("abort.conversation_replay", UNKNOWN, "no generated-token counter to measure with")
     if plain is None or plain.result != OK:
+        state = plain.result if plain is not None else "not run"
         return Finding(
             "abort.conversation_replay", UNKNOWN,
-            "a plain close does not measurably stop generation, so a conversation id cannot be told apart",
+            f"not measured: a conversation id is told apart only where a plain close stops generation "
+            f"(abort.stops_generation: {state})",
         )  # fmt: skip
     conversation = f"streamwarden-check-{uuid.uuid4().hex[:12]}"
     try:

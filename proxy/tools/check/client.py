@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from proxy.sse import Event, SSEReader, StatusBlock
+from proxy.core.sse import Event, SSEReader, StatusBlock
 
 __all__ = ["Reply", "Stream", "Unreachable", "Upstream", "error_message"]
 
@@ -179,6 +179,8 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
     if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            return "connection refused (nothing listens there)"
         return f"cannot connect: {exc.os_error.strerror or exc.os_error}"
     if isinstance(exc, aiohttp.ClientPayloadError):
         return "the body ended unterminated (connection closed mid-body)"

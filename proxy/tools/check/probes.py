@@ -99,7 +99,7 @@ async def probe_stream_usage(ctx: Context) -> Finding:
         return Finding("stream.usage", FAIL, f"no answer: {exc}")
     if not 200 <= stream.status < 300:
         return Finding("stream.usage", FAIL, f"{stream.status} for a stream with stream_options.include_usage")
-    result, detail = judge_usage(stream.items)
+    result, detail = judge_usage(stream.items, stream.cut)
     return Finding("stream.usage", result, detail)
 
 
@@ -146,7 +146,7 @@ async def probe_context_overflow(ctx: Context) -> Finding:
             "errors.context_overflow", UNKNOWN,
             "the backend announces no context length (/v1/models max_model_len, /props n_ctx): not probed",
         )  # fmt: skip
-    words = min(length * 2 + 64, MAX_OVERFLOW_WORDS)
+    words = min(length * 5 // 4 + 64, MAX_OVERFLOW_WORDS)  # a word of "x " is about one token
     body = chat_body(ctx.model, SMALL, stream=False)
     body["messages"] = [{"role": "user", "content": "x " * words}]
     try:

@@ -5,18 +5,15 @@ backend that cannot be reached.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
-from yarl import URL
 
 from proxy.tools.check.abandon import probe_conversation_replay, probe_prefill, probe_stops_generation
 from proxy.tools.check.client import Unreachable, Upstream
+from proxy.tools.check.options import CheckOptions
 from proxy.tools.check.probes import (
     Context,
     probe_context_overflow,
@@ -30,44 +27,7 @@ from proxy.tools.check.probes import (
 from proxy.tools.check.report import PROBE_IDS, Report, render_table
 from proxy.tools.check.requests import DIALECTS
 
-__all__ = ["CheckOptions", "add_arguments", "main", "options_from_args", "run_check"]
-
-
-@dataclass(frozen=True, slots=True)
-class CheckOptions:
-    upstream: str
-    model: str | None = None
-    api_key: str | None = None
-    json_path: Path | None = None
-    timeout: float = 30.0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--upstream", required=True, metavar="URL", help="the backend's root URL (http://host:port)")
-    parser.add_argument("--model", metavar="NAME", help="the model to ask (default: the first /v1/models lists)")
-    parser.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer and x-api-key")
-    parser.add_argument("--json", metavar="PATH", dest="json_path", help="also write the report as JSON here")
-    parser.add_argument(
-        "--timeout", type=float, default=30.0, metavar="SECONDS", help="bound for each probe request (30)"
-    )
-
-
-def options_from_args(args: argparse.Namespace) -> CheckOptions:
-    """``ValueError`` with one line for a bad value."""
-    url = URL(args.upstream)
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"--upstream must be an http:// or https:// URL, got {args.upstream!r}")
-    if url.query_string or url.fragment:
-        raise ValueError("--upstream must be a root URL without a query or fragment")
-    if not args.timeout > 0:
-        raise ValueError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
-    json_path = Path(args.json_path) if args.json_path else None
-    if json_path is not None and not json_path.parent.is_dir():
-        raise ValueError(f"--json: the directory {str(json_path.parent)!r} does not exist")
-    model = args.model or None
-    if args.model is not None and not args.model.strip():
-        raise ValueError("--model must not be empty")
-    return CheckOptions(str(url), model, args.api_key or None, json_path, float(args.timeout))
+__all__ = ["main", "run_check"]
 
 
 def _first_model(body: Any) -> str | None:

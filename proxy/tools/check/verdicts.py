@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from proxy.sse import Event, StatusBlock
+from proxy.core.sse import Event, StatusBlock
 from proxy.tools.check.client import error_message
 from proxy.tools.check.report import FAIL, OK, QUIRK, UNKNOWN, UNSUPPORTED
 from proxy.tools.check.requests import is_terminal
@@ -133,7 +133,9 @@ def judge_stream(dialect: str, items: list[Event | StatusBlock], cut: str | None
     return OK, f"{events} events, ends with {end}{reason}"
 
 
-def judge_usage(items: list[Event | StatusBlock]) -> tuple[str, str]:
+def judge_usage(items: list[Event | StatusBlock], cut: str | None) -> tuple[str, str]:
+    if cut is not None or any(isinstance(i, StatusBlock) for i in items):
+        return UNKNOWN, "the stream broke before its end (see stream.terminal), so its usage cannot be judged"
     for item in reversed(items):
         if not isinstance(item, Event) or not item.has_data:
             continue
@@ -199,21 +201,30 @@ def judge_abort(
 
 def judge_prefill(fresh: list[str], continued: list[str], cut_at: int) -> tuple[str, str]:
     """A trailing assistant message holding the first ``cut_at`` deltas of a greedy answer: is it
-    continued (the rest of that answer comes next), and is the prefix echoed in front of it?"""
+    continued (the rest of that answer comes next), and is the prefix echoed in front of it?
+
+    Greedy decoding makes a restarted answer repeat the prefix too, but delta by delta as before; an
+    echo comes whole in the first delta (llama-server: a prefilled "RUZ+K" came back as "RUZ+K proxy").
+    """
     prefix, rest = "".join(fresh[:cut_at]), "".join(fresh[cut_at:])
     text = "".join(continued)
     if not rest or not text:
         return UNKNOWN, "the answers were too short to compare"
-    if prefix and text.startswith(prefix) and _same_start(text[len(prefix) :], rest):
+    if continued[:cut_at] == fresh[:cut_at]:
+        return UNSUPPORTED, (
+            "a trailing assistant message is not continued (the answer starts over): "
+            "--resume-on-cut cannot continue streams here"
+        )
+    if prefix and continued[0].startswith(prefix) and _same_start(text[len(prefix) :], rest):
         return QUIRK, (
-            f"continued, but the prefix ({len(prefix)} characters) is echoed in front of the continuation "
+            f"continued, but the prefix ({len(prefix)} characters) is echoed in the first delta "
             "(--resume-on-cut must strip it)"
         )
     if _same_start(text, rest):
-        return OK, "a trailing assistant message is continued, the prefix is not echoed (what --resume-on-cut needs)"
+        return OK, "a trailing assistant message is continued, the prefix is not echoed"
     return UNSUPPORTED, (
-        f"a trailing assistant message is not continued (a new answer starts: {text[:40]!r} instead of "
-        f"{rest[:40]!r}): --resume-on-cut cannot continue streams here"
+        f"a trailing assistant message is not continued ({text[:40]!r} instead of {rest[:40]!r}): "
+        "--resume-on-cut cannot continue streams here"
     )
 
 

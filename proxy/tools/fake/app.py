@@ -29,7 +29,7 @@ from yarl import URL
 
 from proxy.tools.fake.bodies import embeddings_body, error_body, models_body
 from proxy.tools.fake.exchange import SETTINGS, ClientGone, Exchange, FakeSettings, NormalPlay
-from proxy.tools.fake.faults import ATTEMPTS, Attempts, select_fault
+from proxy.tools.fake.faults import ATTEMPTS, Attempts, Fault, select_fault
 from proxy.tools.fake.generation import (
     API_CHAT,
     API_COMPLETIONS,
@@ -39,8 +39,20 @@ from proxy.tools.fake.generation import (
     API_OTHER,
     API_RESPONSES,
     GENERATION_APIS,
+    MAX_TOKENS,
     BadRequest,
     parse_spec,
+)
+from proxy.tools.fake.quirks import (
+    STATS,
+    FakeStats,
+    cancel_run_ons,
+    continuation,
+    metrics_text,
+    quirk_fault,
+    run_on,
+    runs_on,
+    unserved,
 )
 from proxy.tools.fake.recorder import RECORDER, Recorder, RequestRecord
 from proxy.tools.fake.scenarios import lookup, stream_normally
@@ -61,7 +73,11 @@ def build_app(settings: FakeSettings = FakeSettings()) -> web.Application:  # no
     app[SETTINGS] = settings
     app[RECORDER] = Recorder()
     app[ATTEMPTS] = Attempts()
+    app[STATS] = FakeStats()
     app.on_response_prepare.append(_add_request_id)
+    app.on_cleanup.append(cancel_run_ons)
+    if settings.quirk != "no_metrics":
+        app.router.add_get("/metrics", _metrics)
     for prefix in ("", "/v1"):
         for api, path in (
             (API_CHAT, "/chat/completions"),
@@ -102,6 +118,8 @@ def _endpoint(api: str, normal: NormalPlay) -> Handler:
         record = RequestRecord(request_id, request.method, request.path, api=api, headers=_headers(request))
         exchange: Exchange | None = None
         completed = False
+        stats = request.app[STATS]
+        stats.running += api in GENERATION_APIS
         try:
             body = await request.read()
             exchange, play = _prepare(request, record, api, body, normal)
@@ -120,8 +138,12 @@ def _endpoint(api: str, normal: NormalPlay) -> Handler:
             return web.Response()
         except asyncio.CancelledError:
             recorder.client_closed(record)
+            spec = exchange.spec if exchange is not None else None
+            if exchange and spec and spec.stream and runs_on(request.app[SETTINGS].quirk, request.headers):
+                run_on(stats, spec.completion_tokens - exchange.content_sent, exchange.rate)
             raise
         finally:
+            stats.running -= api in GENERATION_APIS
             if recorder.get(request_id) is not record:  # failed before it was stored
                 recorder.begin(record)
             recorder.finish(record, completed=completed)
@@ -133,19 +155,33 @@ def _prepare(
     request: web.Request, record: RequestRecord, api: str, body: bytes, normal: NormalPlay
 ) -> tuple[Exchange, Callable[[Exchange], Awaitable[web.StreamResponse]]]:
     """Parse the request and choose what to play; ``BadRequest`` for anything the fake cannot serve."""
+    settings = request.app[SETTINGS]
+    quirk = settings.quirk
+    refused = unserved(quirk, api, GENERATION_APIS)
+    if refused is not None:
+        raise BadRequest(refused[1], status=refused[0])
     parsed: object = None
     if api in GENERATION_APIS or api == API_EMBEDDINGS:
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise BadRequest("the request body is not valid JSON") from None
+            status = 500 if quirk == "malformed_500" else 400
+            raise BadRequest("the request body is not valid JSON", status=status) from None
     fault = select_fault(request.headers, parsed)
-    record.scenario = fault.name if fault is not None else None
-    settings = request.app[SETTINGS]
     spec = None
     if api in GENERATION_APIS:
         spec = parse_spec(api, parsed, record.request_id, settings.tokens)
         record.stream = spec.stream
+        if spec.prompt_tokens > MAX_TOKENS:
+            status = 500 if quirk == "overflow_500" else 400
+            message = f"the request ({spec.prompt_tokens} prompt tokens) exceeds the context size ({MAX_TOKENS})"
+            raise BadRequest(message, "messages", status=status)
+        spec = continuation(spec, parsed, quirk)
+        if quirk == "no_usage":
+            spec = spec.replace(include_usage=False)
+        if fault is None:
+            fault = _quirk_fault(quirk, api, spec.stream)
+    record.scenario = fault.name if fault is not None else None
     exchange = Exchange(request, record, api=api, body=body, spec=spec, rate=_rate(request, settings), normal=normal)
     if fault is None:
         return exchange, normal
@@ -155,6 +191,18 @@ def _prepare(
         return await scenario.play(ex, fault)
 
     return exchange, play
+
+
+def _quirk_fault(quirk: str | None, api: str, stream: bool) -> Fault | None:
+    """The scenario a quirk replays on this request, where that scenario applies."""
+    name = quirk_fault(quirk, stream)
+    if name is None:
+        return None
+    try:
+        lookup(Fault(name), api, stream)
+    except BadRequest:
+        return None  # not for this dialect: served as usual
+    return Fault(name)
 
 
 def _rate(request: web.Request, settings: FakeSettings) -> float:
@@ -171,10 +219,10 @@ def _rate(request: web.Request, settings: FakeSettings) -> float:
 
 
 def _bad_request(api: str, exc: BadRequest) -> web.Response:
-    body = error_body(api, 400, exc.message, code="invalid_request")
+    body = error_body(api, exc.status, exc.message, code="invalid_request" if exc.status == 400 else None)
     if api != API_MESSAGES:
         body["error"]["param"] = exc.param
-    return web.Response(status=400, body=orjson.dumps(body), content_type="application/json")
+    return web.Response(status=exc.status, body=orjson.dumps(body), content_type="application/json")
 
 
 def _headers(request: web.Request) -> dict[str, str]:
@@ -202,6 +250,11 @@ async def _models(ex: Exchange) -> web.StreamResponse:
 
 async def _health(ex: Exchange) -> web.StreamResponse:
     return web.Response()
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """The fake's own Prometheus page (not a recorded request: scrapes would crowd the records)."""
+    return web.Response(text=metrics_text(request.app[STATS]), content_type="text/plain", charset="utf-8")
 
 
 async def _echo(ex: Exchange) -> web.StreamResponse:

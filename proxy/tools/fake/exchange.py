@@ -24,6 +24,7 @@ from aiohttp import web
 
 from proxy.tools.fake.bodies import error_body, whole_body
 from proxy.tools.fake.generation import GenSpec
+from proxy.tools.fake.quirks import STATS, check_quirk
 from proxy.tools.fake.recorder import RECORDER, RequestRecord
 from proxy.tools.fake.streams import CONTENT, Frame, stream_frames
 
@@ -39,11 +40,16 @@ class FakeSettings:
     ``token_rate`` paces content events (0: as fast as the socket takes them); a non-streamed answer
     waits as long as its tokens would take. ``tokens`` is the length of an answer when the request sets
     no max-tokens field. ``first_attempt_failures`` is ``fail_first``'s default number of failures.
+    ``quirk`` is a behaviour shown on every request (``proxy.tools.fake.quirks``).
     """
 
     token_rate: float = 0.0
     tokens: int = 16
     first_attempt_failures: int = 1
+    quirk: str | None = None
+
+    def __post_init__(self) -> None:
+        check_quirk(self.quirk)
 
 
 SETTINGS: web.AppKey[FakeSettings] = web.AppKey("fake_settings", FakeSettings)
@@ -77,7 +83,9 @@ class Exchange:
         self.rate = rate
         self._normal = normal
         self._recorder = request.app[RECORDER]
+        self._stats = request.app[STATS]
         self.response: web.StreamResponse | None = None
+        self.content_sent = 0  # content events written (one token of one choice each)
 
     @property
     def settings(self) -> FakeSettings:
@@ -112,6 +120,7 @@ class Exchange:
         spec = self.generation()
         if self.rate > 0:
             await asyncio.sleep(spec.tokens / self.rate)
+        self._stats.generated += spec.completion_tokens
         return self.json(whole_body(spec))
 
     # -- streams --------------------------------------------------------------------------------------
@@ -143,6 +152,9 @@ class Exchange:
             elif not interval and count % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)
             await self.send_raw(frame.raw)
+            if frame.kind == CONTENT:
+                self.content_sent += 1
+                self._stats.generated += 1
 
     async def send_raw(self, data: bytes, *, counts: bool = True) -> None:
         """Write bytes into the body as they are; ``counts`` says whether they are one SSE event."""

@@ -62,12 +62,13 @@ _MAX_KEYS: dict[str, tuple[str, ...]] = {
 
 
 class BadRequest(Exception):
-    """The request cannot be served; answered with a 400 in the dialect's error shape."""
+    """The request cannot be served; answered with ``status`` (400) in the dialect's error shape."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.status = status
 
 
 def token_text(index: int) -> str:
@@ -84,7 +85,8 @@ class GenSpec:
     ``tokens`` is the request's max-tokens field when it has one (``finish`` ``"length"``), else the
     default (``"stop"``). Anthropic makes ``max_tokens`` mandatory, so for ``messages`` it only caps the
     default length (``max_tokens`` ≥ default: the default and ``end_turn``). ``pad`` makes content event
-    ``pad[0]`` longer by ``pad[1]`` bytes (``oversized_event``).
+    ``pad[0]`` longer by ``pad[1]`` bytes (``oversized_event``). ``start`` is the word the answer begins
+    at (a continued assistant message), ``echo`` text put in front of the first content event.
     """
 
     api: str
@@ -98,6 +100,8 @@ class GenSpec:
     include_usage: bool = False
     prompt_tokens: int = 1
     pad: tuple[int, int] | None = None
+    start: int = 0
+    echo: str = ""
 
     @property
     def choices(self) -> int:
@@ -109,7 +113,9 @@ class GenSpec:
 
     def texts(self) -> list[str]:
         """The content of each content event of one choice."""
-        texts = [token_text(i) for i in range(self.tokens)]
+        texts = [token_text(self.start + i) for i in range(self.tokens)]
+        if self.echo and texts:
+            texts[0] = self.echo + texts[0]
         if self.pad is not None and 0 <= self.pad[0] < len(texts):
             texts[self.pad[0]] += "x" * max(0, self.pad[1])
         return texts
