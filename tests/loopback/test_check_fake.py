@@ -1,0 +1,87 @@
+"""`streamwarden check` against the fake upstream: a well-behaved fake passes every probe, and each
+quirk the fake can show (`--quirk NAME`) is reported by the probe that is about it, with its flags."""
+
+from __future__ import annotations
+
+import pytest
+from support import AiohttpServer
+
+from proxy.tools.check.options import CheckOptions
+from proxy.tools.check.report import PROBE_IDS, Report
+from proxy.tools.check.run import run_check
+from proxy.tools.fake import FakeSettings, build_app
+from proxy.tools.fake.quirks import QUIRKS
+
+RATE = 200.0  # content events per second: an abandoned stream of the abort probes is still running at the close
+
+
+async def check(aiohttp_server: AiohttpServer, quirk: str | None = None) -> Report:
+    server = await aiohttp_server(build_app(FakeSettings(token_rate=RATE, quirk=quirk)))
+    return await run_check(CheckOptions(str(server.make_url("")).rstrip("/"), timeout=20.0))
+
+
+async def test_a_well_behaved_backend_passes_every_probe(aiohttp_server: AiohttpServer) -> None:
+    report = await check(aiohttp_server)
+    assert [f.id for f in report.probes] == list(PROBE_IDS)
+    assert {f.id: f.result for f in report.probes} == dict.fromkeys(PROBE_IDS, "ok")
+    assert report.model == "fake-model"
+    assert report.server is not None and report.server.startswith("streamwarden fake-upstream")
+    assert report.recommended_flags == ["--health-path /health"]
+    stops = report.get("abort.stops_generation")
+    assert stops is not None and "stopped" in stops.detail
+    data = report.to_json()
+    assert set(data) == {"upstream", "server", "model", "probes", "recommended_flags"}
+    assert Report.from_json(data).to_json() == data
+
+
+# quirk -> (the probe that reports it, its result, words of its detail, flags it calls for)
+EXPECTED: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "no_done": ("stream.terminal", "quirk", "no [DONE]", ()),
+    "stray_block": ("stream.terminal", "quirk", "stray HTTP block (HTTP 503", ()),
+    "cut": ("stream.terminal", "quirk", "cut after", ()),
+    "abort_finish": ("stream.terminal", "quirk", 'finish_reason "abort"', ()),
+    "no_usage": ("stream.usage", "quirk", "include_usage was ignored", ()),
+    "malformed_500": ("errors.malformed_json", "quirk", "500", ()),
+    "overflow_500": ("errors.context_overflow", "quirk", "answered 500", ()),
+    "runs_on": ("abort.stops_generation", "quirk", "went on", ()),
+    "conversation_replay": ("abort.conversation_replay", "quirk", "went on", ("--cancel-hook llama-conversation",)),
+    "prefill_echo": ("resume.prefill", "quirk", "echoed in the first delta", ()),
+    "no_prefill": ("resume.prefill", "unsupported", "starts over", ()),
+    "no_metrics": ("metrics", "unsupported", "GET /metrics: 404", ()),
+    "health_lies": ("health", "quirk", "yet no request succeeds", ()),
+    "chat_only": ("dialect.messages", "unsupported", "404", ()),
+}
+
+
+def test_every_quirk_of_the_fake_is_expected_somewhere() -> None:
+    assert set(EXPECTED) == set(QUIRKS)
+
+
+@pytest.mark.parametrize("quirk", list(EXPECTED))
+async def test_each_quirk_is_reported(aiohttp_server: AiohttpServer, quirk: str) -> None:
+    probe, result, words, flags = EXPECTED[quirk]
+    report = await check(aiohttp_server, quirk)
+    assert [f.id for f in report.probes] == list(PROBE_IDS)  # every probe still reports, whatever broke
+    finding = report.get(probe)
+    assert finding is not None
+    assert (finding.result, words in finding.detail) == (result, True), finding
+    assert set(flags) <= set(finding.flags)
+    for flag in flags:
+        assert flag in report.recommended_flags
+    for other in report.probes:
+        assert "\n" not in other.detail and len(other.detail) <= 400
+
+
+async def test_no_metrics_leaves_abandonment_unknown(aiohttp_server: AiohttpServer) -> None:
+    report = await check(aiohttp_server, "no_metrics")
+    results = {f.id: f.result for f in report.probes}
+    assert results["abort.stops_generation"] == results["abort.conversation_replay"] == "unknown"
+
+
+async def test_only_chat_served_names_each_missing_dialect(aiohttp_server: AiohttpServer) -> None:
+    report = await check(aiohttp_server, "chat_only")
+    results = {f.id: f.result for f in report.probes}
+    assert results["dialect.chat_completions"] == "ok"
+    assert [results[f"dialect.{d}"] for d in ("completions", "responses", "messages")] == ["unsupported"] * 3
+    terminal = report.get("stream.terminal")
+    assert terminal is not None and terminal.result == "ok" and "messages" not in terminal.detail
