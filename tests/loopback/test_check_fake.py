@@ -25,10 +25,12 @@ async def test_a_well_behaved_backend_passes_every_probe(aiohttp_server: Aiohttp
     assert [f.id for f in report.probes] == list(PROBE_IDS)
     assert {f.id: f.result for f in report.probes} == dict.fromkeys(PROBE_IDS, "ok")
     assert report.model == "fake-model"
-    assert report.server is not None and report.server.startswith("streamwarden fake-upstream")
+    assert report.server is not None
+    assert report.server.startswith("streamwarden fake-upstream")
     assert report.recommended_flags == ["--health-path /health"]
     stops = report.get("abort.stops_generation")
-    assert stops is not None and "stopped" in stops.detail
+    assert stops is not None
+    assert "stopped" in stops.detail
     data = report.to_json()
     assert set(data) == {"upstream", "server", "model", "probes", "recommended_flags"}
     assert Report.from_json(data).to_json() == data
@@ -69,7 +71,8 @@ async def test_each_quirk_is_reported(aiohttp_server: AiohttpServer, quirk: str)
     for flag in flags:
         assert flag in report.recommended_flags
     for other in report.probes:
-        assert "\n" not in other.detail and len(other.detail) <= 400
+        assert "\n" not in other.detail
+        assert len(other.detail) <= 400
 
 
 async def test_no_metrics_leaves_abandonment_unknown(aiohttp_server: AiohttpServer) -> None:
@@ -84,4 +87,6 @@ async def test_only_chat_served_names_each_missing_dialect(aiohttp_server: Aioht
     assert results["dialect.chat_completions"] == "ok"
     assert [results[f"dialect.{d}"] for d in ("completions", "responses", "messages")] == ["unsupported"] * 3
     terminal = report.get("stream.terminal")
-    assert terminal is not None and terminal.result == "ok" and "messages" not in terminal.detail
+    assert terminal is not None
+    assert terminal.result == "ok"
+    assert "messages" not in terminal.detail

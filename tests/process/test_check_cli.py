@@ -59,7 +59,8 @@ def test_bad_arguments_exit_2_with_one_clear_line(argv: list[str], words: str) -
     done = streamwarden("check", *argv)
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and words in errors[0], done.stderr
+    assert len(errors) == 1, done.stderr
+    assert words in errors[0]
     assert "Traceback" not in done.stderr
 
 
@@ -68,7 +69,8 @@ def test_an_unknown_quirk_is_refused_by_name() -> None:
     assert done.returncode == 2
     assert "unknown quirk 'flaky'; known quirks: no_done" in done.stderr
     done = streamwarden("fake-upstream", env={**ENV, "STREAMWARDEN_FAKE_QUIRK": "flaky"})
-    assert done.returncode == 2 and "unknown quirk 'flaky'" in done.stderr
+    assert done.returncode == 2
+    assert "unknown quirk 'flaky'" in done.stderr
 
 
 @contextlib.contextmanager
@@ -95,7 +97,8 @@ def test_the_report_as_a_user_gets_it(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     data = orjson.loads(report.read_bytes())
-    assert data["upstream"] == url and data["model"] == "fake-model"
+    assert data["upstream"] == url
+    assert data["model"] == "fake-model"
     assert [p["id"] for p in data["probes"]] == list(PROBE_IDS)
     results = {p["id"]: p["result"] for p in data["probes"]}
     assert results["abort.conversation_replay"] == "quirk"
