@@ -13,7 +13,7 @@ CONSTRAINTS := constraints.txt
 IMAGE ?= streamwarden
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' proxy/__init__.py)
 
-.PHONY: install test test-real llama-server lint run demo bench lock image docs clean
+.PHONY: install test test-real llama-server tested-against lint run demo bench lock image docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ llama-server:
 
 test-real: $(STAMP) llama-server
 	STREAMWARDEN_BUILD_LLAMA=1 $(BIN)/pytest tests/real $(PYTEST_ARGS)
+
+# README's "Tested against" table: `streamwarden check` on the real tier's llama-server (built if missing).
+tested-against: $(STAMP) llama-server
+	$(BIN)/python scripts/tested_against.py --refresh
 
 # The proxy in front of the built-in fake upstream, or in front of UPSTREAM=URL.
 run: $(STAMP)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from proxy.core.lifecycle import transition_rows
 from proxy.tools.fake import describe
+from proxy.tools.fake.quirks import QUIRKS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,6 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def scenario_table() -> str:
     rows = ["| scenario | dialects | what the fake does |", "|---|---|---|"]
     rows += [f"| `{row.name}` | {row.dialects} | {row.summary} |" for row in describe()]
+    return "\n".join(rows)
+
+
+def quirk_table() -> str:
+    rows = ["| quirk | what the fake does on every request |", "|---|---|"]
+    rows += [f"| `{name}` | {summary} |" for name, summary in QUIRKS.items()]
     return "\n".join(rows)
 
 
@@ -35,6 +42,7 @@ def lifecycle_table() -> str:
 # file -> (the marker's name, where the table comes from, its renderer)
 GENERATED: list[tuple[Path, str, str, Callable[[], str]]] = [
     (ROOT / "docs" / "fake-upstream.md", "scenarios", "proxy/tools/fake/scenarios.py", scenario_table),
+    (ROOT / "docs" / "fake-upstream.md", "quirks", "proxy/tools/fake/quirks.py", quirk_table),
     (ROOT / "docs" / "architecture.md", "lifecycle", "proxy/core/lifecycle.py", lifecycle_table),
 ]
 

@@ -23,11 +23,20 @@ class Backend:
     generated: str  # counter of generated tokens
     running: str  # gauge of requests being generated
     abort_hook: str | None = None  # the `--cancel-hook` its abort API takes, when it has one
+    version_path: str | None = None  # a GET that tells its version, and the JSON key holding it
+    version_key: str = "version"
 
 
 BACKENDS = (
-    Backend("llama.cpp llama-server", "llamacpp:", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing"),
-    Backend("vLLM", "vllm:", "vllm:generation_tokens_total", "vllm:num_requests_running"),
+    Backend(
+        "llama.cpp llama-server",
+        "llamacpp:",
+        "llamacpp:tokens_predicted_total",
+        "llamacpp:requests_processing",
+        version_path="/props",
+        version_key="build_info",
+    ),
+    Backend("vLLM", "vllm:", "vllm:generation_tokens_total", "vllm:num_requests_running", version_path="/version"),
     Backend(
         "SGLang",
         "sglang:",

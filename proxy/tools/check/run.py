@@ -38,11 +38,24 @@ def _first_model(body: Any) -> str | None:
     return None
 
 
-def _server(upstream: Upstream, ctx: Context) -> str | None:
+async def _version(upstream: Upstream, ctx: Context) -> str | None:
+    """The backend's own version where it says it: llama-server's /props `build_info`, vLLM's /version."""
+    if ctx.backend is None or ctx.backend.version_path is None:
+        return None
+    try:
+        reply = await upstream.get(ctx.backend.version_path)
+    except Unreachable:
+        return None
+    body = reply.json() if reply.status == 200 else None
+    value = body.get(ctx.backend.version_key) if isinstance(body, dict) else None
+    return str(value)[:80] if isinstance(value, str | int | float) and value != "" else None
+
+
+def _server(upstream: Upstream, ctx: Context, version: str | None) -> str | None:
     """What identifies the backend: its metrics' known prefix, its Server header, /v1/models' owned_by."""
     parts = []
     if ctx.backend is not None:
-        parts.append(ctx.backend.name)
+        parts.append(f"{ctx.backend.name} {version}" if version else ctx.backend.name)
     if upstream.server_header:
         parts.append(f"Server: {upstream.server_header}")
     data = ctx.models_body.get("data") if isinstance(ctx.models_body, dict) else None
@@ -78,7 +91,7 @@ async def run_check(options: CheckOptions) -> Report:
         found["metrics"] = metrics
         for probe_id in PROBE_IDS:
             report.add(found[probe_id])
-        report.server = _server(upstream, ctx)
+        report.server = _server(upstream, ctx, await _version(upstream, ctx))
     return report
 
 
