@@ -4,11 +4,12 @@ quirk the fake can show (`--quirk NAME`) is reported by the probe that is about 
 from __future__ import annotations
 
 import pytest
-from support import AiohttpServer
+from aiohttp import web
+from support import AiohttpServer, ServeUpstream
 
 from proxy.tools.check.options import CheckOptions
 from proxy.tools.check.report import PROBE_IDS, Report
-from proxy.tools.check.run import run_check
+from proxy.tools.check.run import NoModel, run_check
 from proxy.tools.fake import FakeSettings, build_app
 from proxy.tools.fake.quirks import QUIRKS
 
@@ -90,3 +91,12 @@ async def test_only_chat_served_names_each_missing_dialect(aiohttp_server: Aioht
     assert terminal is not None
     assert terminal.result == "ok"
     assert "messages" not in terminal.detail
+
+
+async def test_a_backend_that_names_no_model_needs_model(serve_upstream: ServeUpstream) -> None:
+    async def locked(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "invalid api key"}}, status=401)
+
+    url = await serve_upstream(locked)
+    with pytest.raises(NoModel, match=r"answered 401 and names no model: give --model NAME \(and --api-key KEY\)"):
+        await run_check(CheckOptions(url, timeout=5.0))

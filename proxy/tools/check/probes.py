@@ -146,7 +146,11 @@ async def probe_context_overflow(ctx: Context) -> Finding:
             "errors.context_overflow", UNKNOWN,
             "the backend announces no context length (/v1/models max_model_len, /props n_ctx): not probed",
         )  # fmt: skip
-    words = min(length * 5 // 4 + 64, MAX_OVERFLOW_WORDS)  # a word of "x " is about one token
+    words = length * 5 // 4 + 64  # a word of "x " is about one token
+    if words > MAX_OVERFLOW_WORDS:
+        return Finding(
+            "errors.context_overflow", UNKNOWN, f"context {length}: a prompt beyond it is too large to send as a probe"
+        )
     body = chat_body(ctx.model, SMALL, stream=False)
     body["messages"] = [{"role": "user", "content": "x " * words}]
     try:

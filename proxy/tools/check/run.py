@@ -27,7 +27,11 @@ from proxy.tools.check.probes import (
 from proxy.tools.check.report import PROBE_IDS, Report, render_table
 from proxy.tools.check.requests import DIALECTS
 
-__all__ = ["main", "run_check"]
+__all__ = ["NoModel", "main", "run_check"]
+
+
+class NoModel(Exception):
+    """No --model and the backend's /v1/models names none: nothing to probe with."""
 
 
 def _first_model(body: Any) -> str | None:
@@ -66,14 +70,16 @@ def _server(upstream: Upstream, ctx: Context, version: str | None) -> str | None
 
 
 async def run_check(options: CheckOptions) -> Report:
-    """Every probe, one request at a time. ``Unreachable`` when the first request gets no answer."""
+    """Every probe, one request at a time. ``Unreachable`` when the first request gets no answer,
+    ``NoModel`` when there is no model to ask for."""
     report = Report(options.upstream)
     async with Upstream(options.upstream, api_key=options.api_key, timeout=options.timeout) as upstream:
         models = await upstream.get("/v1/models")  # Unreachable here: nothing listens
         models_body = models.json() if models.status == 200 else None
         model = options.model or _first_model(models_body)
         if model is None:
-            raise Unreachable(f"GET /v1/models answered {models.status} with no model: give --model NAME")
+            hint = " (and --api-key KEY)" if models.status in (401, 403) else ""
+            raise NoModel(f"GET /v1/models answered {models.status} and names no model: give --model NAME{hint}")
         report.model = model
         ctx = Context(upstream, model, models_body)
         found = {}
@@ -100,6 +106,9 @@ def main(options: CheckOptions) -> int:
         report = asyncio.run(run_check(options))
     except Unreachable as exc:
         print(f"streamwarden check: cannot reach {options.upstream}: {exc}", file=sys.stderr)
+        return 2
+    except NoModel as exc:
+        print(f"streamwarden check: {options.upstream}: {exc}", file=sys.stderr)
         return 2
     print(render_table(report), flush=True)
     if options.json_path is not None:

@@ -1,0 +1,59 @@
+"""`streamwarden check` against llama.cpp's own llama-server: what it reports is what the rest of this
+tier shows by hand (malformed JSON is a 500, an over-long prompt the dialect's 400, a close stops the
+generation, X-Conversation-Id keeps it running, a prefilled assistant message is echoed), and the
+report committed for the README still holds for this build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from llama import LlamaServer
+
+from proxy.tools.check.options import CheckOptions
+from proxy.tools.check.report import PROBE_IDS
+from proxy.tools.check.run import run_check
+
+pytestmark = pytest.mark.real
+
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "check" / "llama-server.json"
+EXPECTED = {
+    "dialect.chat_completions": "ok",
+    "dialect.completions": "ok",
+    "dialect.responses": "ok",
+    "dialect.messages": "ok",
+    "stream.terminal": "ok",
+    "stream.usage": "ok",
+    "errors.malformed_json": "quirk",
+    "errors.context_overflow": "ok",
+    "abort.stops_generation": "ok",
+    "abort.conversation_replay": "quirk",
+    "resume.prefill": "quirk",
+    "health": "ok",
+    "metrics": "ok",
+}
+
+
+@pytest.mark.timeout(300)  # a run is about 10 s here; the replay probe waits for a run-on on a busy machine
+async def test_check_reports_what_llama_server_really_does(llama_wide: LlamaServer) -> None:
+    report = await run_check(CheckOptions(llama_wide.url, timeout=60.0))
+    print("\n" + "\n".join(f"{f.id}: {f.result}: {f.detail}" for f in report.probes))
+    assert [f.id for f in report.probes] == list(PROBE_IDS)
+    assert {f.id: f.result for f in report.probes} == EXPECTED
+    assert report.server is not None
+    assert report.server.startswith("llama.cpp llama-server")
+    assert report.model == llama_wide.model.name
+    details = {f.id: f.detail for f in report.probes}
+    assert "500" in details["errors.malformed_json"]
+    assert "exceeds the available context size" in details["errors.context_overflow"]
+    assert "llamacpp:tokens_predicted_total: stopped" in details["abort.stops_generation"]
+    assert "echoed in the first delta" in details["resume.prefill"]
+    assert "prefix llamacpp:" in details["metrics"]
+    assert report.recommended_flags == ["--cancel-hook llama-conversation", "--health-path /health"]
+
+    committed = orjson.loads(COMMITTED.read_bytes())  # what README's Tested against table shows
+    assert {p["id"]: (p["result"], p["flags"]) for p in committed["probes"]} == {
+        f.id: (f.result, list(f.flags)) for f in report.probes
+    }
+    assert committed["recommended_flags"] == report.recommended_flags
