@@ -1,7 +1,8 @@
 """Write the generated parts of docs/ from their one source; `--check` fails when a file is stale.
 
-Two parts: the fake upstream's scenario table in docs/fake-upstream.md, rendered from the scenario
-registry (`proxy.tools.fake.describe()`) the fake itself answers from, and the lifecycle's transition
+Three parts: the fake upstream's scenario table in docs/fake-upstream.md, rendered from the scenario
+registry (`proxy.tools.fake.describe()`) the fake itself answers from, its quirk table from
+`proxy.tools.fake.quirks.QUIRKS`, and the lifecycle's transition
 table in docs/architecture.md, from the table the code runs (`proxy.core.lifecycle.transition_rows()`). Run it as
 `make docs`; the unit tests run `--check`.
 """

@@ -1,6 +1,5 @@
 """Quirks: one backend behaviour shown on *every* request, the way a real backend has it, so that
-`streamwarden check` (and an operator trying it) can meet each one: `fake-upstream --quirk NAME` or
-`STREAMWARDEN_FAKE_QUIRK=NAME`.
+`streamwarden check` (and an operator trying it) can meet each one: `fake-upstream --quirk NAME`.
 
 A scenario (``x-fault``) breaks one request on demand; a quirk is what the backend always does. Some
 quirks replay a scenario on every stream it applies to; the others change how the fake answers (its
