@@ -46,9 +46,9 @@ BACKENDS = (
     ),
     Backend(
         "streamwarden fake-upstream",
-        "streamwarden_fake:",
-        "streamwarden_fake:generation_tokens_total",
-        "streamwarden_fake:requests_running",
+        "fake_upstream:",
+        "fake_upstream:generation_tokens_total",
+        "fake_upstream:requests_running",
     ),
 )
 

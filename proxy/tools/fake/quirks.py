@@ -8,8 +8,8 @@ the fake behaves as a well-behaved backend: it stops generating when the client 
 malformed body or an over-long prompt with the dialect's 400, continues a trailing assistant message
 without echoing it, and serves its own ``/metrics``:
 
-    streamwarden_fake:generation_tokens_total   tokens generated (content events, per choice)
-    streamwarden_fake:requests_running          generations in progress (a run-on included)
+    fake_upstream:generation_tokens_total   tokens generated (content events, per choice)
+    fake_upstream:requests_running          generations in progress (a run-on included)
 """
 
 from __future__ import annotations
@@ -109,12 +109,12 @@ STATS: web.AppKey[FakeStats] = web.AppKey("fake_stats", FakeStats)
 
 def metrics_text(stats: FakeStats) -> str:
     return (
-        "# HELP streamwarden_fake:generation_tokens_total Tokens generated (content events, per choice).\n"
-        "# TYPE streamwarden_fake:generation_tokens_total counter\n"
-        f"streamwarden_fake:generation_tokens_total {stats.generated}\n"
-        "# HELP streamwarden_fake:requests_running Generations in progress.\n"
-        "# TYPE streamwarden_fake:requests_running gauge\n"
-        f"streamwarden_fake:requests_running {stats.running}\n"
+        "# HELP fake_upstream:generation_tokens_total Tokens generated (content events, per choice).\n"
+        "# TYPE fake_upstream:generation_tokens_total counter\n"
+        f"fake_upstream:generation_tokens_total {stats.generated}\n"
+        "# HELP fake_upstream:requests_running Generations in progress.\n"
+        "# TYPE fake_upstream:requests_running gauge\n"
+        f"fake_upstream:requests_running {stats.running}\n"
     )
 
 
