@@ -100,3 +100,19 @@ async def test_a_backend_that_names_no_model_needs_model(serve_upstream: ServeUp
     url = await serve_upstream(locked)
     with pytest.raises(NoModel, match=r"answered 401 and names no model: give --model NAME \(and --api-key KEY\)"):
         await run_check(CheckOptions(url, timeout=5.0))
+
+
+async def test_a_generating_health_check_is_preferred(aiohttp_server: AiohttpServer) -> None:
+    """SGLang's /health_generate runs a generation: the health probe recommends it over /health."""
+    app = build_app(FakeSettings(token_rate=RATE))
+
+    async def health_generate(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app.router.add_get("/health_generate", health_generate)
+    server = await aiohttp_server(app)
+    report = await run_check(CheckOptions(str(server.make_url("")).rstrip("/"), timeout=20.0))
+    health = report.get("health")
+    assert health is not None
+    assert (health.result, health.flags) == ("ok", ("--health-path /health_generate",))
+    assert "/health 200, /health_generate 200, /v1/models 200" in health.detail

@@ -162,30 +162,31 @@ async def probe_context_overflow(ctx: Context) -> Finding:
 
 
 async def probe_health(ctx: Context) -> Finding:
-    """Which health endpoints answer, and whether they agree with serving (a plain request succeeded)."""
+    """Which health endpoints answer, and whether they agree with serving (a plain request succeeded).
+
+    SGLang's `/health_generate` runs a one-token generation, so it also sees a hung engine; `/health`
+    is the backend's own liveness (vLLM's turns 503 on a dead engine, llama-server's while it loads);
+    `/v1/models` (the proxy's default `--health-path`) may be answered from configuration alone.
+    """
     statuses: dict[str, int | None] = {}
-    for path in ("/health", "/v1/models"):
+    for path in ("/health", "/health_generate", "/v1/models"):
         try:
             statuses[path] = (await ctx.upstream.get(path)).status
         except Unreachable:
             statuses[path] = None
     seen = ", ".join(f"{p} {s if s is not None else 'no answer'}" for p, s in statuses.items())
-    serving = any(ctx.served.values())
-    health = statuses["/health"]
-    healthy = health is not None and 200 <= health < 300
-    if not serving:
-        if healthy:
-            return Finding("health", QUIRK, f"{seen}, yet no request succeeds: /health does not reflect serving")
+    answering = [p for p, s in statuses.items() if s is not None and 200 <= s < 300]
+    if not any(ctx.served.values()):
+        if "/health" in answering or "/health_generate" in answering:
+            return Finding("health", QUIRK, f"{seen}, yet no request succeeds: health does not reflect serving")
         return Finding("health", UNKNOWN, f"{seen}; no request succeeds")
-    if healthy:
-        return Finding(
-            "health", OK,
-            f"{seen}; a request succeeds. /health is the backend's own check (vLLM's turns 503 on a dead "
-            "engine, llama-server's while loading) where /v1/models may be answered from configuration",
-            ("--health-path /health",),
-        )  # fmt: skip
-    models = statuses["/v1/models"]
-    if models is not None and models < 500:
+    for path, why in (
+        ("/health_generate", "it runs a generation, so a hung engine fails it too"),
+        ("/health", "the backend's own check, where /v1/models may be answered from configuration"),
+    ):
+        if path in answering:
+            return Finding("health", OK, f"{seen}; a request succeeds. {path}: {why}", (f"--health-path {path}",))
+    if "/v1/models" in answering:
         return Finding("health", OK, f"{seen}; a request succeeds; the default --health-path /v1/models answers")
     return Finding("health", UNSUPPORTED, f"{seen}; a request succeeds but no health endpoint answers")
 
