@@ -30,8 +30,9 @@ END = "<!-- end of tested-against -->"
 def section(report: dict[str, object]) -> str:
     probes = report["probes"]
     assert isinstance(probes, list)
+    model = str(report["model"]).rsplit("/", 1)[-1]  # llama-server names a model by its file's path
     lines = [
-        f"`streamwarden check` on {report['server'] or 'llama-server'}, model `{report['model']}` (the real "
+        f"`streamwarden check` on {report['server'] or 'llama-server'}, model `{model}` (the real "
         "tier's build and model; `make tested-against` runs it again and rewrites this table):",
         "",
         "| probe | result | what it saw |",

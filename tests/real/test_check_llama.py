@@ -43,12 +43,12 @@ async def test_check_reports_what_llama_server_really_does(llama_wide: LlamaServ
     assert {f.id: f.result for f in report.probes} == EXPECTED
     assert report.server is not None
     assert report.server.startswith("llama.cpp llama-server")
-    assert report.model == llama_wide.model.name
+    assert report.model == str(llama_wide.model)  # llama-server names its model by the file's path
     details = {f.id: f.detail for f in report.probes}
     assert "500" in details["errors.malformed_json"]
     assert "exceeds the available context size" in details["errors.context_overflow"]
     assert "llamacpp:tokens_predicted_total: stopped" in details["abort.stops_generation"]
-    assert "echoed in the first delta" in details["resume.prefill"]
+    assert "plain: the prefix comes back in the first delta" in details["resume.prefill"]
     assert "prefix llamacpp:" in details["metrics"]
     assert report.recommended_flags == ["--cancel-hook llama-conversation", "--health-path /health"]
 

@@ -18,6 +18,7 @@ from proxy.tools.check.verdicts import (
     judge_prefill,
     judge_stream,
     judge_usage,
+    prefill_mode,
 )
 
 
@@ -113,17 +114,30 @@ FRESH = ["One", ",", " two", ",", " three", ",", " four"]
 
 
 @pytest.mark.parametrize(
-    ("continued", "result"),
+    ("continued", "mode"),
     [
-        ([",", " three", ","], "ok"),
-        (["One, two, three", ","], "quirk"),  # llama-server: the prefix comes back in the first delta
-        (["One", ",", " two", ","], "unsupported"),  # a new answer: greedy, so the same words, delta by delta
-        (["Sure", "!"], "unsupported"),
-        ([], "unknown"),
+        ([",", " three", ","], "continued"),
+        (["One, two, three", ","], "echoed"),  # llama-server, plain: the prefix comes back in the first delta
+        (["One", ",", " two", ","], "restarted"),  # a new answer: greedy, so the same words, delta by delta
+        (["Sure", "!"], "other"),
     ],
 )
-def test_prefill_continuation_echo_and_restart(continued: list[str], result: str) -> None:
-    assert judge_prefill(FRESH, continued, 3)[0] == result
+def test_prefill_modes(continued: list[str], mode: str) -> None:
+    assert prefill_mode(FRESH, continued, 3) == mode
+
+
+@pytest.mark.parametrize(
+    ("answers", "result"),
+    [
+        ({"with": [",", " three"], "plain": ["One, two", ","]}, "quirk"),  # any echo is the finding
+        ({"with": [",", " three"], "plain": ["One", ",", " two"]}, "ok"),  # vLLM: continued only when asked
+        ({"with": ["One", ",", " two"], "plain": ["One", ",", " two"]}, "unsupported"),
+        ({"with": ["Sure"], "plain": ["Sure"]}, "unknown"),  # a model whose text does not tokenize back
+        ({"with": [], "plain": [",", " three"]}, "unknown"),
+    ],
+)
+def test_prefill_verdict(answers: dict[str, list[str]], result: str) -> None:
+    assert judge_prefill(FRESH, answers, 3)[0] == result
 
 
 LLAMA_METRICS = """# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.

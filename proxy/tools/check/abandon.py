@@ -186,27 +186,33 @@ async def _deltas(ctx: Context, body: dict[str, Any]) -> tuple[Stream, list[str]
 
 
 async def probe_prefill(ctx: Context) -> Finding:
-    """Greedy answer A; then the same request with A's first deltas as a trailing assistant message
-    (and vLLM/SGLang's `continue_final_message`): does the rest of A follow, and is the prefix echoed?"""
+    """A greedy answer A; then A's first deltas as a trailing assistant message, once with the
+    continuation fields vLLM, SGLang and llama-server take (`continue_final_message: true,
+    add_generation_prompt: false`) and once plain (llama-server prefills by itself): is the rest of A
+    what follows, and is the prefix echoed in front of it?"""
     if not ctx.served.get("chat_completions"):
         return Finding("resume.prefill", UNKNOWN, "chat completions are not served")
     cut = 3
+    forms = {
+        "with continue_final_message": {"continue_final_message": True, "add_generation_prompt": False},
+        "plain": {},
+    }
+    answers: dict[str, list[str]] = {}
     try:
-        stream, fresh = await _deltas(ctx, chat_body(ctx.model, 12, stream=True))
+        stream, fresh = await _deltas(ctx, chat_body(ctx.model, 32, stream=True))
         if stream.status != 200 or len(fresh) < cut + 3:
             return Finding("resume.prefill", UNKNOWN, f"a greedy answer of {len(fresh)} content events is too short")
         messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "".join(fresh[:cut])}]
-        body = chat_body(ctx.model, 8, stream=True, continue_final_message=True, add_generation_prompt=False)
-        body["messages"] = messages
-        stream, continued = await _deltas(ctx, body)
-        fields = "with continue_final_message"
-        if stream.status == 400:
-            del body["continue_final_message"], body["add_generation_prompt"]
-            stream, continued = await _deltas(ctx, body)
-            fields = "without continue_final_message (rejected)"
+        for form, fields in forms.items():
+            body = chat_body(ctx.model, 16, stream=True, **fields)
+            body["messages"] = messages
+            stream, deltas = await _deltas(ctx, body)
+            if stream.status == 200:
+                answers[form] = deltas
+            elif form == "plain":
+                return Finding("resume.prefill", FAIL, f"a trailing assistant message was answered {stream.status}")
+            # else the continuation fields are not understood: the plain form is judged alone
     except Unreachable as exc:
         return Finding("resume.prefill", FAIL, f"no answer: {exc}")
-    if stream.status != 200:
-        return Finding("resume.prefill", FAIL, f"a trailing assistant message was answered {stream.status}")
-    result, detail = judge_prefill(fresh, continued, cut)
-    return Finding("resume.prefill", result, f"{detail} ({fields})")
+    result, detail = judge_prefill(fresh, answers, cut)
+    return Finding("resume.prefill", result, detail)

@@ -81,8 +81,12 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Upstream:
-        # No total timeout: a stream may run longer than one read; each wait below carries its own.
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        # No total timeout: a stream may run longer than one read; each wait below carries its own. A new
+        # connection per request: a server that closes idle keep-alive connections (llama-server after a
+        # stream) must not turn a probe into a "server disconnected", and probes stay independent.
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None), connector=aiohttp.TCPConnector(force_close=True)
+        )
         return self
 
     async def __aexit__(self, *_: object) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "judge_stream",
     "judge_usage",
     "message_of",
+    "prefill_mode",
 ]
 
 UNSUPPORTED_STATUSES = frozenset({404, 405, 501})
@@ -199,33 +200,47 @@ def judge_abort(
     return QUIRK, f"went on: {after:.0f} tokens generated after {what} (of {left} left)", True
 
 
-def judge_prefill(fresh: list[str], continued: list[str], cut_at: int) -> tuple[str, str]:
-    """A trailing assistant message holding the first ``cut_at`` deltas of a greedy answer: is it
-    continued (the rest of that answer comes next), and is the prefix echoed in front of it?
+ECHOED, RESTARTED, CONTINUED, OTHER = "echoed", "restarted", "continued", "other"
 
-    Greedy decoding makes a restarted answer repeat the prefix too, but delta by delta as before; an
-    echo comes whole in the first delta (llama-server: a prefilled "RUZ+K" came back as "RUZ+K proxy").
-    """
+
+def prefill_mode(fresh: list[str], continued: list[str], cut_at: int) -> str:
+    """What one request with the first ``cut_at`` deltas of a greedy answer as a trailing assistant
+    message did. Greedy decoding makes a restarted answer repeat the prefix too, but delta by delta as
+    before; an echo comes whole in the first delta (llama-server: a prefilled "RUZ+K" came back as
+    "RUZ+K proxy"). ``other``: new text, which is a continuation only if the prefix's text tokenizes back
+    into the tokens that made it (true of real models; not of a random-weight test model)."""
     prefix, rest = "".join(fresh[:cut_at]), "".join(fresh[cut_at:])
     text = "".join(continued)
-    if not rest or not text:
-        return UNKNOWN, "the answers were too short to compare"
     if continued[:cut_at] == fresh[:cut_at]:
-        return UNSUPPORTED, (
-            "a trailing assistant message is not continued (the answer starts over): "
-            "--resume-on-cut cannot continue streams here"
-        )
-    if prefix and continued[0].startswith(prefix) and _same_start(text[len(prefix) :], rest):
-        return QUIRK, (
-            f"continued, but the prefix ({len(prefix)} characters) is echoed in the first delta "
-            "(--resume-on-cut must strip it)"
-        )
+        return RESTARTED
+    if prefix and continued and continued[0].startswith(prefix):
+        return ECHOED
     if _same_start(text, rest):
-        return OK, "a trailing assistant message is continued, the prefix is not echoed"
-    return UNSUPPORTED, (
-        f"a trailing assistant message is not continued ({text[:40]!r} instead of {rest[:40]!r}): "
-        "--resume-on-cut cannot continue streams here"
-    )
+        return CONTINUED
+    return OTHER
+
+
+def judge_prefill(fresh: list[str], answers: dict[str, list[str]], cut_at: int) -> tuple[str, str]:
+    """``answers``: per form of the request (with `continue_final_message`, plain), its content deltas."""
+    if len(fresh) < cut_at + 3 or not all(answers.values()):
+        return UNKNOWN, "the answers were too short to compare"
+    modes = {form: prefill_mode(fresh, deltas, cut_at) for form, deltas in answers.items()}
+    seen = "; ".join(f"{form}: {_MODE_TEXT[mode]}" for form, mode in modes.items())
+    if ECHOED in modes.values():
+        return QUIRK, f"the prefix is echoed in the first delta (--resume-on-cut must strip it): {seen}"
+    if CONTINUED in modes.values():
+        return OK, f"a trailing assistant message is continued without an echo: {seen}"
+    if set(modes.values()) == {RESTARTED}:
+        return UNSUPPORTED, f"a trailing assistant message is not continued, --resume-on-cut cannot work here: {seen}"
+    return UNKNOWN, f"no echo, no restart, but the continuation could not be verified against the greedy answer: {seen}"
+
+
+_MODE_TEXT = {
+    ECHOED: "the prefix comes back in the first delta",
+    RESTARTED: "the answer starts over",
+    CONTINUED: "continued, no echo",
+    OTHER: "new text, no echo (not verifiable: the prefix does not tokenize back the same)",
+}
 
 
 def _same_start(a: str, b: str) -> bool:
