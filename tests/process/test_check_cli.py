@@ -50,6 +50,7 @@ def test_nothing_listening_is_one_line_and_exit_2(dead_port: int, tmp_path: Path
         ([], "--upstream"),
         (["--upstream", "localhost:8000"], "--upstream must be an http"),
         (["--upstream", "http://127.0.0.1:9/?x=1"], "root URL"),
+        (["--upstream", "http://127.0.0.1:9/v1"], "without /v1"),
         (["--upstream", "http://127.0.0.1:9", "--timeout", "0"], "--timeout"),
         (["--upstream", "http://127.0.0.1:9", "--json", "/no/such/dir/r.json"], "--json"),
         (["--upstream", "http://127.0.0.1:9", "--model", " "], "--model"),

@@ -38,6 +38,8 @@ def options_from_args(args: argparse.Namespace) -> CheckOptions:
         raise ValueError(f"--upstream must be an http:// or https:// URL, got {args.upstream!r}")
     if url.query_string or url.fragment:
         raise ValueError("--upstream must be a root URL without a query or fragment")
+    if url.path.rstrip("/").endswith("/v1"):
+        raise ValueError(f"--upstream is the backend's root URL, without /v1 (the probes add it): {args.upstream!r}")
     if not args.timeout > 0:
         raise ValueError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     json_path = Path(args.json_path) if args.json_path else None
