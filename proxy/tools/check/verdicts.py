@@ -188,16 +188,17 @@ def judge_abort(
     """From the backend's own count of the tokens generated for one stream: did the close stop it?
 
     ``received`` content events had arrived when the client closed; whatever the counter grew beyond
-    them was generated after the close. Stopped means less than half of what was left ran. Returns
-    (result, detail, went_on).
+    them was generated after the close (content events can hold more than one token, so this is an upper
+    bound). Stopped means less than half of what was left ran. Returns (result, detail, went_on).
     """
     after = max(0.0, generated - received)
     left = max_tokens - received
     if generated < received or left <= 0:
         return UNKNOWN, f"the backend counted {generated:.0f} tokens for a stream that delivered {received}", False
+    seen = f"{generated:.0f} of {max_tokens} tokens generated for a stream closed after {received} content events"
     if after <= left / 2:
-        return OK, f"stopped: {after:.0f} tokens generated after {what} (of {left} left)", False
-    return QUIRK, f"went on: {after:.0f} tokens generated after {what} (of {left} left)", True
+        return OK, f"stopped at {what}: {seen}", False
+    return QUIRK, f"went on after {what}: {seen}", True
 
 
 ECHOED, RESTARTED, CONTINUED, OTHER = "echoed", "restarted", "continued", "other"
