@@ -13,7 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 from support import FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
-from test_metrics_contract import PATHS, abandon, answered, body_for, call, delta, leave_when, scrape
+from support.metrics import PATHS, abandon, answered, body_for, call, delta, leave_when, scrape
 
 ITL = "streamwarden_inter_token_latency_seconds"
 TPOT = "streamwarden_time_per_output_token_seconds"

@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 import yaml
 from support import FakeUpstream, Proxy, ProxyFactory
+from support.metrics import PATHS, abandon, answered, body_for, call, leave_when
 from support.promql_exprs import dashboard_exprs, rule_exprs
-from test_metrics_contract import PATHS, abandon, answered, body_for, call, leave_when
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [

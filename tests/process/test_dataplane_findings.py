@@ -99,6 +99,7 @@ def _huge_answer(size: int, sent: asyncio.Event | None = None) -> Any:
 async def test_a_client_leaving_a_whole_body_early_is_booked_aborted() -> None:
     upstream = RawUpstream(_huge_answer(32 * MiB))
     proxy = ServeProcess(await upstream.start())
+    writer: asyncio.StreamWriter | None = None
     try:
         reader, writer = await slow_reader(proxy.port)
         writer.write(chat_request("leaves-early"))
@@ -109,6 +110,8 @@ async def test_a_client_leaving_a_whole_body_early_is_booked_aborted() -> None:
         assert (line["outcome"], line["reason"]) == ("aborted", "client_disconnect"), line
         assert line["abort_phase"] == "whole_body"
     finally:
+        if writer is not None:
+            writer.transport.abort()  # closed whatever happened: an unclosed one warns in a later test
         proxy.stop()
         await upstream.close()
 
@@ -117,6 +120,7 @@ async def test_a_client_leaving_a_whole_body_early_is_booked_aborted() -> None:
 async def test_a_whole_body_cut_by_shutdown_is_booked_shutdown() -> None:
     upstream = RawUpstream(_huge_answer(32 * MiB))
     proxy = ServeProcess(await upstream.start(), "--drain-timeout", "1")
+    writer: asyncio.StreamWriter | None = None
     try:
         reader, writer = await slow_reader(proxy.port)
         writer.write(chat_request("slow-at-shutdown"))
@@ -126,8 +130,9 @@ async def test_a_whole_body_cut_by_shutdown_is_booked_shutdown() -> None:
         await asyncio.to_thread(proxy.proc.wait, WAIT)
         line = await proxy.line(lambda line: line["request_id"] == "slow-at-shutdown")
         assert (line["outcome"], line["reason"]) == ("error", "shutdown"), line
-        writer.close()
     finally:
+        if writer is not None:
+            writer.transport.abort()
         proxy.stop()
         await upstream.close()
 

@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from support import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
-from test_metrics_contract import call, closed_port, leave_when
+from support.metrics import call, closed_port, leave_when
 
 from proxy.observe.tracing import Tracing
 

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import FakeUpstream
 from support.contract import ABORT_PHASES, APIS, CANCEL_HOOK_FAILURE_REASONS, CANCELLATION_REASONS, REWRITE_REASONS
 from support.hostile import PY, WAIT, ServeProcess, free_port, until
-from test_metrics_contract import Exposition, body_for, check_label_values
+from support.metrics import Exposition, body_for, check_label_values
 
 from proxy.config import Config
 from proxy.observe.logs import make_logger
