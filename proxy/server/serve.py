@@ -26,6 +26,8 @@ __all__ = ["Server", "run_loop", "serve"]
 
 _FINAL_GRACE_SECONDS = 0.5  # after the drain deadline: time for interrupted streams to write their frame
 _CLOSE_SECONDS = 0.25  # then what is left of each connection (a lingering body read) is cut
+_DRAIN_MARGIN_SECONDS = 1.0  # design section 8: the process exits within --drain-timeout + 1 s
+_MIN_TRACING_SECONDS = 0.1  # the tracer's flush gets at least this, even when the drain used the margin
 _BACKLOG = 1024  # nginx uses 511; a burst of connects must not be refused by the kernel before the limit
 
 
@@ -95,6 +97,8 @@ class Server:
         self._shut_down = True
         state = self.state
         state.draining = True
+        loop = asyncio.get_running_loop()
+        bound = loop.time() + self.config.drain_timeout + _DRAIN_MARGIN_SECONDS  # the whole shutdown's
         await self._sites[0].stop()  # stop accepting on the main port; admin keeps answering 503
         await self._until_idle_or_hurried(self.config.drain_timeout)
         interrupted = state.interrupt_all()
@@ -109,6 +113,9 @@ class Server:
         await state.cancel_hooks.close()  # --cancel-hook calls still in flight use the session
         if state.session is not None:
             await state.session.close()
+        if state.books.tracing is not None:  # the last spans (the interrupted exchanges') go out, bounded
+            left = max(_MIN_TRACING_SECONDS, bound - loop.time())
+            await asyncio.to_thread(state.books.tracing.close, left)
 
     async def _until_idle_or_hurried(self, within: float) -> None:
         """Wait until no exchange is in flight, a second signal comes, or `within` seconds pass."""

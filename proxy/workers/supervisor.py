@@ -108,7 +108,8 @@ class Supervisor:
         self.multiprocess_dir = multiprocess_dir
         self.worker_argv = tuple(worker_argv)
         metrics = Metrics(config.model_label_limit, multiprocess_dir=multiprocess_dir)
-        self.state = build_state(config, metrics=metrics, logger=logger)
+        # No tracer here: the workers' exchanges are the spans; the admin port makes none.
+        self.state = build_state(replace(config, otlp_endpoint=None), metrics=metrics, logger=logger)
         self.state.session = open_upstream_session(config)
         self.slots = [_Slot(i) for i in range(config.workers)]
         self._served: tuple[str, ...] | None = None
