@@ -30,7 +30,10 @@ from proxy.config import otel_installed
 from proxy.core.record import ExchangeRecord
 from proxy.observe.logs import MAX_LOGGED_STRING, clean_text
 
-__all__ = ["MAX_FINISH_REASONS", "OPERATIONS", "SdkLogBridge", "Tracing", "otel_installed", "traces_url"]
+__all__ = [
+    "MAX_ATTRIBUTE_LENGTH", "MAX_FINISH_REASONS", "OPERATIONS", "SdkLogBridge", "Tracing", "otel_installed",
+    "traces_url",
+]
 
 # gen_ai.operation.name by dialect; the rest (models, other) are plain HTTP spans.
 OPERATIONS = {
@@ -41,6 +44,8 @@ OPERATIONS = {
     "embeddings": "embeddings",
 }
 _TRACE_HEADERS = ("traceparent", "tracestate")
+# The SDK's backstop: the longest a logged string can be (256 characters, each escaped as at most `\uXXXX`).
+MAX_ATTRIBUTE_LENGTH = MAX_LOGGED_STRING * 6
 MAX_FINISH_REASONS = 16  # one per choice: `n` is the client's to choose
 # The operator's own limit wins; SpanLimits reads these itself when given None.
 _LIMIT_VARIABLES = ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT")
@@ -101,7 +106,8 @@ class Tracing:
         # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (pod name, namespace...).
         resource = Resource.create({"service.name": "streamwarden", "service.version": __version__})
         own_limit = not any(os.environ.get(name) for name in _LIMIT_VARIABLES)
-        limits = SpanLimits(max_attribute_length=MAX_LOGGED_STRING if own_limit else None)
+        limits = SpanLimits(max_attribute_length=MAX_ATTRIBUTE_LENGTH if own_limit else None)
+        self._logger = logger
         self._bridge: SdkLogBridge | None = None
         if logger is not None:
             self._bridge = SdkLogBridge(logger)
@@ -199,12 +205,10 @@ class Tracing:
 
         threading.Thread(target=shut_down, name="streamwarden-tracing-close", daemon=True).start()
         finished = done.wait(max(0.0, timeout))
-        if self._bridge is not None:
-            if not finished:
-                self._bridge.emit(logging.LogRecord(
-                    "streamwarden.tracing", logging.WARNING, __file__, 0,
-                    "the collector did not take the last spans within %.1f s: they are dropped", (timeout,), None,
-                ))
+        if not finished and self._logger is not None:
+            self._logger.warning("tracing_flush_timeout", timeout_s=round(timeout, 3),
+                                 why="the collector did not take the last spans in time: they are dropped")
+        if finished and self._bridge is not None:  # (else the thread left behind may still log)
             sdk_logger = logging.getLogger("opentelemetry")
             sdk_logger.removeHandler(self._bridge)
             sdk_logger.propagate = not sdk_logger.handlers

@@ -26,9 +26,10 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from support import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
 from test_metrics_contract import call, closed_port, leave_when
 
-from proxy.observe.logs import MAX_LOGGED_STRING
 from proxy.observe.tracing import Tracing
 
+# The longest a span attribute may be: a logged string (256 characters), each escaped as at most `\uXXXX`.
+MAX_ATTRIBUTE_LENGTH = 256 * 6
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
@@ -335,19 +336,19 @@ async def test_client_strings_in_spans_are_cut_and_escaped_as_in_the_log(
     async with http.post(f"{proxy.url}/v1/chat/completions", json={**CHAT, "model": model},
                          headers={"X-Request-Id": "tr-big"}) as resp:
         await resp.read()
-    async with http.post(f"{proxy.url}/x/{'p' * 20_000}", json={}, headers={"X-Request-Id": "tr-path"}) as resp:
+    async with http.post(f"{proxy.url}/x/{'p' * 7_000}", json={}, headers={"X-Request-Id": "tr-path"}) as resp:
         await resp.read()
     logged = await proxy.line_for("tr-big")
-    await proxy.line_for("tr-path")
+    logged_path = await proxy.line_for("tr-path")
     await flushed(proxy)
     chat = receiver.span(f"chat {logged['model']}")  # the span's name carries the log line's model
-    assert len(chat.name) <= len("chat ") + MAX_LOGGED_STRING
     assert attributes(chat.attributes)["gen_ai.request.model"] == logged["model"]
-    assert logged["model"].startswith("\\x1b[31m")
+    assert logged["model"] == "\\x1b[31m" + "m" * 251  # 256 characters, then escaped
+    assert attributes(receiver.span("POST").attributes)["url.path"] == logged_path["path"]
     for span in receiver.spans:
         for key, value in attributes(span.attributes).items():
             if isinstance(value, str):
-                assert len(value) <= MAX_LOGGED_STRING, key
+                assert len(value) <= MAX_ATTRIBUTE_LENGTH, key
                 assert "\x1b" not in value, key
 
 
@@ -358,10 +359,10 @@ async def test_the_sdk_attribute_limit_is_set_when_the_operator_set_none(
     proxy, receiver, _ = traced
     tracing = proxy.state.books.tracing
     assert tracing is not None
-    span = tracing.tracer.start_span("probe", attributes={"x": "y" * 10_000})
+    span = tracing.tracer.start_span("probe", attributes={"x": "y" * 100_000})
     span.end()
     await flushed(proxy)
-    assert len(attributes(receiver.span("probe").attributes)["x"]) == MAX_LOGGED_STRING
+    assert len(attributes(receiver.span("probe").attributes)["x"]) == MAX_ATTRIBUTE_LENGTH
 
 
 # Issue 22, finding 2: the SDK's own messages are structured log lines of the proxy.
