@@ -28,7 +28,11 @@ __all__ = [
 
 APIS = ("chat_completions", "completions", "responses", "messages", "embeddings", "models", "other")
 CANCELLATION_REASONS = tuple(str(reason) for reason in Cancellation)
-CANCEL_HOOK_FAILURE_REASONS = ("timeout", "connect_failed", "http_status", "invalid_body")
+# Issue 22 adds: `invalid_id` (an id too long, or not UTF-8 for a JSON body: not sent), `dropped` (past
+# the hooks' in-flight bound), `cut` (in flight when shutdown's drain ended), `error` (a bug in a hook).
+CANCEL_HOOK_FAILURE_REASONS = (
+    "timeout", "connect_failed", "http_status", "invalid_body", "invalid_id", "dropped", "cut", "error",
+)
 REWRITE_REASONS = (
     "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
     "malformed_event", "oversized_event", "late_commit_status", "upstream_aborted",

@@ -27,6 +27,7 @@ __all__ = ["Server", "run_loop", "serve"]
 _FINAL_GRACE_SECONDS = 0.5  # after the drain deadline: time for interrupted streams to write their frame
 _CLOSE_SECONDS = 0.25  # then what is left of each connection (a lingering body read) is cut
 _DRAIN_MARGIN_SECONDS = 1.0  # design section 8: the process exits within --drain-timeout + 1 s
+_TRACING_SHARE_SECONDS = 0.3  # of that bound, kept for the tracer's last flush
 _MIN_TRACING_SECONDS = 0.1  # the tracer's flush gets at least this, even when the drain used the margin
 _BACKLOG = 1024  # nginx uses 511; a burst of connects must not be refused by the kernel before the limit
 
@@ -110,7 +111,9 @@ class Server:
         if self._admin is not None:
             await self._admin.cleanup()
         await state.background.close()  # drains still reading write their books now
-        await state.cancel_hooks.close()  # --cancel-hook calls still in flight use the session
+        # --cancel-hook calls still in flight (those of interrupted exchanges too) run until the drain's
+        # end, leaving the tracer its share of it, then are cut.
+        await state.cancel_hooks.close(bound - _TRACING_SHARE_SECONDS - loop.time())
         if state.session is not None:
             await state.session.close()
         if state.books.tracing is not None:  # the last spans (the interrupted exchanges') go out, bounded
