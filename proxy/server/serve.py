@@ -18,6 +18,7 @@ from aiohttp import web
 from proxy import __version__
 from proxy.config import Config
 from proxy.exchange.state import ProxyState
+from proxy.observe.metrics import keep_values_in_memory
 from proxy.server.app import build_admin_app, build_main_server, build_state, open_upstream_session
 from proxy.server.connections import ProxyServer
 from proxy.server.fdlimit import connection_limit, raise_fd_limit
@@ -173,11 +174,17 @@ def _settings(config: Config) -> dict[str, object]:
 
 
 def serve(config: Config) -> None:
+    """One process (no `--workers`): never reads or writes an inherited multiprocess metrics directory."""
+    ignored = keep_values_in_memory()
     limits = raise_fd_limit()
     max_connections = connection_limit(config.max_client_connections, limits[1])
 
     async def main() -> None:
-        await Server(config, max_connections=max_connections).run(limits)
+        server = Server(config, max_connections=max_connections)
+        if ignored:
+            server.logger.warning("metrics_dir_ignored", path=ignored,
+                                  why="one process keeps its metrics in memory; --workers N makes its own directory")
+        await server.run(limits)
 
     run_loop(main())
 

@@ -21,11 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,6 +38,7 @@ from proxy.config import Config
 from proxy.observe.metrics import Metrics, ModelLabels
 from proxy.server.admin import build_admin_app
 from proxy.server.app import build_state, open_upstream_session
+from proxy.workers.metrics_dir import MetricsDir, sweep_stale
 from proxy.workers.worker import READY_LINE, WorkerBoot, encode_boot, encode_models
 
 __all__ = ["Supervisor", "supervise"]
@@ -315,7 +314,9 @@ def supervise(config: Config) -> int:
 
     from proxy.server.serve import run_loop
 
-    directory = tempfile.mkdtemp(prefix="streamwarden-metrics-")
+    stale = sweep_stale()  # left by supervisors that were killed (a /tmp emptyDir outlives restarts)
+    owned = MetricsDir()
+    directory = owned.path
     # The workers get PROMETHEUS_MULTIPROC_DIR in their environment before their first import of
     # prometheus_client. This process imported it already (the flags' module needs it), so it switches
     # the documented way: a multiprocess ValueClass, before any of its own metrics exist.
@@ -325,9 +326,12 @@ def supervise(config: Config) -> int:
     try:
         async def main() -> None:
             nonlocal result
-            result = await Supervisor(config, directory).run()
+            supervisor = Supervisor(config, directory)
+            if stale:
+                supervisor.logger.info("metrics_dirs_removed", directories=stale, why="their supervisors are gone")
+            result = await supervisor.run()
 
         run_loop(main())
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        owned.remove()
     return result
