@@ -10,7 +10,12 @@ between a worker's death and its replacement). The supervisor serves the one adm
 - /healthz: the supervisor lives.
 
 A worker that dies (a crash, the OOM killer, `kill -9`) is logged and replaced, with a back-off
-when replacements die young. SIGTERM/SIGINT: /readyz turns 503 and every worker gets SIGTERM and
+when replacements die young. A worker that hangs (its event loop stuck, or SIGSTOPped) keeps its
+accept queue, and the kernel keeps handing it new connections: each worker writes a heartbeat line
+every second from its loop, and one silent for HEARTBEAT_TIMEOUT seconds is killed and replaced
+(`worker_hung`); /readyz says 503 from then until its replacement is ready.
+
+SIGTERM/SIGINT: /readyz turns 503 and every worker gets SIGTERM and
 drains as one process would, so the set exits within --drain-timeout + 1 s; a
 second signal is passed on (the workers skip the rest of the wait). Workers run in their own session
 so that a terminal's Ctrl-C reaches them only through the supervisor, once.
@@ -41,13 +46,14 @@ from proxy.server.app import build_state, open_upstream_session
 from proxy.workers.metrics_dir import MetricsDir, sweep_stale
 from proxy.workers.worker import READY_LINE, WorkerBoot, encode_boot, encode_models
 
-__all__ = ["Supervisor", "supervise"]
+__all__ = ["HEARTBEAT_TIMEOUT", "Supervisor", "supervise"]
 
 _KILL_MARGIN_SECONDS = 2.0  # past a worker's own drain bound (--drain-timeout + 1 s): SIGKILL
 _FIRST_RESTART_DELAY = 0.1
 _MAX_RESTART_DELAY = 10.0
 _STABLE_SECONDS = 10.0  # a worker that lived this long resets the back-off
 _CLOSE_SECONDS = 0.25
+HEARTBEAT_TIMEOUT = 5.0  # seconds without a heartbeat (one a second) before a worker is taken for hung
 WORKER_ARGV = (sys.executable, "-m", "proxy.workers.worker")
 
 
@@ -106,6 +112,7 @@ class Supervisor:
         self.config = config
         self.multiprocess_dir = multiprocess_dir
         self.worker_argv = tuple(worker_argv)
+        self.heartbeat_timeout = HEARTBEAT_TIMEOUT
         metrics = Metrics(config.model_label_limit, multiprocess_dir=multiprocess_dir)
         # No tracer here: the workers' exchanges are the spans; the admin port makes none.
         self.state = build_state(replace(config, otlp_endpoint=None), metrics=metrics, logger=logger)
@@ -197,7 +204,12 @@ class Supervisor:
             await self._start(slot)
             proc = slot.proc
             assert proc is not None
-            code = await proc.wait()
+            watch = asyncio.ensure_future(self._watch(slot, proc)) if slot.ready else None
+            try:
+                code = await proc.wait()
+            finally:
+                if watch is not None:
+                    watch.cancel()
             slot.ready = False
             lived = time.monotonic() - slot.started_at
             self._forget(proc.pid)
@@ -239,6 +251,23 @@ class Supervisor:
         if line == READY_LINE:
             slot.ready = slot.been_ready = True
             self.logger.info("worker_ready", worker=slot.index, pid=proc.pid)
+
+    async def _watch(self, slot: _Slot, proc: asyncio.subprocess.Process) -> None:
+        """Read the worker's heartbeats; kill it when they stop (its `_keep` then replaces it)."""
+        assert proc.stdout is not None
+        while True:
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), self.heartbeat_timeout)
+            except TimeoutError:
+                break
+            if not line:  # EOF: the worker is exiting, and proc.wait() tells how
+                return
+        if proc.returncode is None:
+            slot.ready = False  # /readyz: 503 until the replacement is ready
+            self.logger.error("worker_hung", worker=slot.index, pid=proc.pid, silent_s=self.heartbeat_timeout,
+                              why="no heartbeat: its event loop is stuck or it is stopped; killed and replaced")
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
 
     def _broadcast_models(self, names: list[str]) -> None:
         line = encode_models(names)
