@@ -29,6 +29,7 @@ _FINAL_GRACE_SECONDS = 0.5  # after the drain deadline: time for interrupted str
 _CLOSE_SECONDS = 0.25  # then what is left of each connection (a lingering body read) is cut
 _DRAIN_MARGIN_SECONDS = 1.0  # design section 8: the process exits within --drain-timeout + 1 s
 _TRACING_SHARE_SECONDS = 0.3  # of that bound, kept for the tracer's last flush
+_EXIT_SECONDS = 0.25  # and for the process to exit after `stopped` (the loop's and the interpreter's teardown)
 _MIN_TRACING_SECONDS = 0.1  # the tracer's flush gets at least this, even when the drain used the margin
 _BACKLOG = 1024  # nginx uses 511; a burst of connects must not be refused by the kernel before the limit
 
@@ -114,11 +115,11 @@ class Server:
         await state.background.close()  # drains still reading write their books now
         # --cancel-hook calls still in flight (those of interrupted exchanges too) run until the drain's
         # end, leaving the tracer its share of it, then are cut.
-        await state.cancel_hooks.close(bound - _TRACING_SHARE_SECONDS - loop.time())
+        await state.cancel_hooks.close(bound - _EXIT_SECONDS - _TRACING_SHARE_SECONDS - loop.time())
         if state.session is not None:
             await state.session.close()
         if state.books.tracing is not None:  # the last spans (the interrupted exchanges') go out, bounded
-            left = max(_MIN_TRACING_SECONDS, bound - loop.time())
+            left = max(_MIN_TRACING_SECONDS, bound - _EXIT_SECONDS - loop.time())
             await asyncio.to_thread(state.books.tracing.close, left)
 
     async def _until_idle_or_hurried(self, within: float) -> None:
