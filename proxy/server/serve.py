@@ -29,7 +29,7 @@ _FINAL_GRACE_SECONDS = 0.5  # after the drain deadline: time for interrupted str
 _CLOSE_SECONDS = 0.25  # then what is left of each connection (a lingering body read) is cut
 _DRAIN_MARGIN_SECONDS = 1.0  # design section 8: the process exits within --drain-timeout + 1 s
 _TRACING_SHARE_SECONDS = 0.3  # of that bound, kept for the tracer's last flush
-_EXIT_SECONDS = 0.25  # and for the process to exit after `stopped` (the loop's and the interpreter's teardown)
+_EXIT_SECONDS = 0.4  # and for the process to exit after `stopped` (the loop's and the interpreter's teardown)
 _MIN_TRACING_SECONDS = 0.1  # the tracer's flush gets at least this, even when the drain used the margin
 _BACKLOG = 1024  # nginx uses 511; a burst of connects must not be refused by the kernel before the limit
 
