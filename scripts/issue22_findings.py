@@ -227,7 +227,16 @@ async def f2(tree: Path) -> dict[str, Any]:
                     await resp.read()
             took = await p.sigterm_to_exit()
             raw = [line for line in p.stderr().splitlines() if not line.startswith("{")]
-        return {"finding": 2, "sigterm_to_exit_s": took, "drain_bound_s": 2.0, "raw_log_lines": len(raw)}
+        async with serving(tree, b.url, "--otlp-endpoint", b.url, "--drain-timeout", "1", "--workers", "2",
+                           workers=2) as p:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+                for _ in range(6):  # fresh connections: both workers get some
+                    async with http.post(p.url + CHAT, json={"model": "m", "messages": []}) as resp:
+                        await resp.read()
+            workers_took = await p.sigterm_to_exit()
+            killed = p.count("worker_killed")
+        return {"finding": 2, "sigterm_to_exit_s": took, "drain_bound_s": 2.0, "raw_log_lines": len(raw),
+                "workers_sigterm_to_exit_s": workers_took, "worker_killed_lines": killed}
 
 
 async def f3(tree: Path) -> dict[str, Any]:

@@ -24,6 +24,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from support import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
+from support.hostile import ServeProcess
+from support.hostile import until as hostile_until
 from test_metrics_contract import call, closed_port, leave_when
 
 from proxy.observe.tracing import Tracing
@@ -433,3 +435,34 @@ async def test_a_hanging_collector_does_not_hold_shutdown_past_the_drain_bound(
     assert took < 0.5 + 1.0 + 3.0, took  # the bound plus slack for a busy machine; the SDK alone takes 10 s
     for line in lines:
         orjson.loads(line)  # every line the process wrote is a structured one
+
+
+async def test_workers_flush_within_their_drain_and_are_not_killed(aiohttp_server: AiohttpServer) -> None:
+    """`--workers 2` and a collector that never answers: before, each worker was killed at drain + 3 s."""
+    hang = asyncio.Event()
+
+    async def collector(request: web.Request) -> web.Response:
+        await hang.wait()
+        return web.Response()
+
+    async def fake(request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]})
+
+    collector_app, upstream = web.Application(), web.Application()
+    collector_app.router.add_post("/v1/traces", collector)
+    upstream.router.add_route("*", "/{tail:.*}", fake)
+    collector_url = str((await aiohttp_server(collector_app)).make_url("")).rstrip("/")
+    upstream_url = str((await aiohttp_server(upstream)).make_url("")).rstrip("/")
+    proc = ServeProcess(upstream_url, "--workers", "2", "--otlp-endpoint", collector_url, "--drain-timeout", "0.5")
+    try:
+        await hostile_until(lambda: len(proc.lines("worker_ready")) == 2)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+            for _ in range(6):  # fresh connections: both workers serve some
+                async with http.post(proc.url + "/v1/chat/completions", json={"model": "m", "messages": []}) as resp:
+                    assert resp.status == 200
+        proc.signal(signal.SIGTERM)
+        assert await asyncio.wait_for(asyncio.to_thread(proc.proc.wait), 30) == 0
+    finally:
+        hang.set()
+        proc.stop()
+    assert proc.lines("worker_killed") == []
