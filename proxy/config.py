@@ -21,6 +21,7 @@ from yarl import URL
 
 __all__ = [
     "CONVERSATION_HEADER",
+    "HOOK_ID_MAX",
     "REPEATED_FLAGS",
     "SERVE_FLAGS",
     "CancelHook",
@@ -28,17 +29,20 @@ __all__ = [
     "ConfigError",
     "HookCall",
     "HookError",
+    "UnsendableId",
     "add_serve_parser",
     "config_from_args",
     "otel_installed",
     "parse_hook",
     "parse_hooks",
     "parse_size",
+    "path_segment",
     "serve_parser",
 ]
 
 # --- --cancel-hook values: parsed here, fired by proxy.exchange.cancel_hooks.
 CONVERSATION_HEADER = "X-Conversation-Id"
+HOOK_ID_MAX = 200  # the bound a client's X-Request-Id has: a longer id is not sent (60 KB URLs)
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _KNOWN = frozenset({"request_id", "conversation_id"})
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
@@ -51,40 +55,89 @@ class HookError(ValueError):
     """A `--cancel-hook` value that cannot be used; the message says what is expected."""
 
 
+class UnsendableId(ValueError):
+    """An id a hook must not carry: longer than HOOK_ID_MAX, or (in a JSON body) bytes that are not UTF-8."""
+
+
 @dataclass(frozen=True, slots=True)
 class HookCall:
     method: str
-    path: str
+    path: str  # percent-encoded: sent as it is, never re-quoted or normalised
     body: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
 class CancelHook:
-    """One parsed hook: a request template with `{request_id}` / `{conversation_id}` placeholders."""
+    """One parsed hook: a request template with `{request_id}` / `{conversation_id}` placeholders.
+
+    `quoted` says, for each placeholder of the body in order, whether the template put it inside a
+    JSON string: there its value is escaped; elsewhere it becomes a whole JSON string, so that no id
+    can turn into a number, an array, an object or null.
+    """
 
     name: str  # as the operator wrote it (a preset's name, or the template), for logs
     method: str
     path: str
     body: str | None
+    quoted: tuple[bool, ...] = ()
 
     @property
     def needs_conversation(self) -> bool:
         return "{conversation_id}" in self.path or "{conversation_id}" in (self.body or "")
 
     def render(self, request_id: str, conversation_id: str | None) -> HookCall | None:
-        """The call for one exchange; None when it needs a conversation id the request did not have."""
+        """The call for one exchange; None when it needs a conversation id the request did not have.
+
+        Raises UnsendableId for an id the call must not carry. Header values arrive as aiohttp decodes
+        them (UTF-8, other bytes as surrogate escapes): in a path they go out as their original bytes.
+        """
         if self.needs_conversation and not conversation_id:
             return None
         values = {"request_id": request_id, "conversation_id": conversation_id or ""}
-        path = _PLACEHOLDER.sub(lambda m: quote(values[m.group(1)], safe=""), self.path)
+        for value in values.values():
+            if len(value) > HOOK_ID_MAX:
+                raise UnsendableId(f"an id of {len(value)} characters (at most {HOOK_ID_MAX} are sent)")
+        path = _PLACEHOLDER.sub(lambda m: path_segment(values[m.group(1)]), self.path)
         body = None
         if self.body is not None:
-            body = _PLACEHOLDER.sub(lambda m: _json_escape(values[m.group(1)]), self.body).encode()
+            places = iter(self.quoted)
+            body = _PLACEHOLDER.sub(lambda m: _json_value(values[m.group(1)], next(places)), self.body).encode()
         return HookCall(self.method, path, body)
 
 
-def _json_escape(value: str) -> str:
-    return orjson.dumps(value).decode()[1:-1]
+def path_segment(value: str) -> str:
+    """Every byte outside RFC 3986's unreserved set percent-encoded, and dots too: `..` cannot climb."""
+    return quote(value.encode("utf-8", "surrogateescape"), safe="").replace(".", "%2E")
+
+
+def _json_value(value: str, quoted: bool) -> str:
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:  # lone surrogates: header bytes that are not UTF-8 have no JSON string
+        raise UnsendableId("an id that is not UTF-8, in a JSON body") from None
+    return text[1:-1] if quoted else text
+
+
+def _quoted_placeholders(body: str) -> tuple[bool, ...]:
+    """For each placeholder of a JSON body template, in order: is it inside a JSON string?"""
+    found: list[bool] = []
+    inside = escaped = False
+    i = 0
+    while i < len(body):
+        char = body[i]
+        match = _PLACEHOLDER.match(body, i) if char == "{" else None
+        if match is not None and not escaped:
+            found.append(inside)
+            i = match.end()
+            continue
+        if inside and escaped:
+            escaped = False
+        elif inside and char == "\\":
+            escaped = True
+        elif char == '"':
+            inside = not inside
+        i += 1
+    return tuple(found)
 
 
 def parse_hook(text: str) -> CancelHook:
@@ -106,12 +159,15 @@ def parse_hook(text: str) -> CancelHook:
         unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(template)} - _KNOWN)
         if unknown:
             raise HookError(f"{expected} (placeholders are {{request_id}} and {{conversation_id}}, not {unknown[0]})")
+    quoted: tuple[bool, ...] = ()
     if body is not None:
+        quoted = _quoted_placeholders(body)
+        places = iter(quoted)
         try:
-            orjson.loads(_PLACEHOLDER.sub(_SAMPLE, body))
+            orjson.loads(_PLACEHOLDER.sub(lambda _: _SAMPLE if next(places) else f'"{_SAMPLE}"', body))
         except orjson.JSONDecodeError:
             raise HookError(f"{expected} (the body must be JSON)") from None
-    return CancelHook(name, method, path, body)
+    return CancelHook(name, method, path, body, quoted)
 
 
 def parse_hooks(values: list[str]) -> tuple[CancelHook, ...]:

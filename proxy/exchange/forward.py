@@ -105,7 +105,7 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
             _release_upstream(flight)
             state.untrack(flight.interrupter)
             state.books.finish(ex)
-            state.cancel_hooks.fire(ex, request.headers, state.session)  # --cancel-hook: after a cancelled upstream
+            state.cancel_hooks.fire(ex, request.headers)  # --cancel-hook: after a cancelled upstream
 
 
 async def _exchange(request: web.BaseRequest, state: ProxyState, flight: _Flight) -> web.StreamResponse:

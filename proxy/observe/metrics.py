@@ -6,6 +6,8 @@ Label values come from fixed sets; the request's model name, the one free-form l
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -13,6 +15,7 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
     generate_latest,
+    values,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -23,12 +26,17 @@ from proxy.core.lifecycle import Cancellation
 
 __all__ = [
     "ABORT_PHASES", "APIS", "CANCELLATION_REASONS", "CANCEL_HOOK_FAILURE_REASONS", "CONTENT_TYPE_LATEST",
-    "REWRITE_REASONS", "Metrics", "ModelLabels",
+    "REWRITE_REASONS", "Metrics", "ModelLabels", "keep_values_in_memory",
 ]
 
 APIS = ("chat_completions", "completions", "responses", "messages", "embeddings", "models", "other")
 CANCELLATION_REASONS = tuple(str(reason) for reason in Cancellation)
-CANCEL_HOOK_FAILURE_REASONS = ("timeout", "connect_failed", "http_status", "invalid_body")
+# Issue 22 adds: `invalid_id` (an id too long, or not UTF-8 for a JSON body: not sent), `dropped` (past
+# the hooks' in-flight bound), `cut` (in flight when shutdown's drain ended), `error` (a bug in a hook).
+# `invalid_body` is no longer produced (a placeholder is always a JSON string now); its series stays.
+CANCEL_HOOK_FAILURE_REASONS = (
+    "timeout", "connect_failed", "http_status", "invalid_body", "invalid_id", "dropped", "cut", "error",
+)
 REWRITE_REASONS = (
     "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
     "malformed_event", "oversized_event", "late_commit_status", "upstream_aborted",
@@ -193,3 +201,22 @@ class Metrics:
         merged = CollectorRegistry()
         MultiProcessCollector(merged, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
         return generate_latest(merged)
+
+
+# prometheus_client's switch to multiprocess mode (the lower-case name is its deprecated spelling).
+_MULTIPROC_VARIABLES = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+
+
+def keep_values_in_memory() -> str | None:
+    """One `serve` process: its values in its own memory, whatever directory it inherited.
+
+    prometheus_client switches to multiprocess mode at import when PROMETHEUS_MULTIPROC_DIR is set; a
+    single process that inherited it (a shell, a base image) would write into a directory it did not
+    create, and two such instances would overwrite each other's counters. Called before any metric
+    exists; the variable is also dropped from this process's environment. Returns the ignored value.
+    """
+    inherited = None
+    for name in _MULTIPROC_VARIABLES:
+        inherited = os.environ.pop(name, None) or inherited
+    values.ValueClass = values.MutexValue
+    return inherited

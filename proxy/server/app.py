@@ -49,19 +49,19 @@ def open_upstream_session(config: Config) -> aiohttp.ClientSession:
     )
 
 
-def open_tracing(config: Config) -> Tracing | None:
+def open_tracing(config: Config, logger: Any = None) -> Tracing | None:
     """OpenTelemetry traces when an OTLP endpoint is set (the SDK is imported only then)."""
     if config.otlp_endpoint is None:
         return None
     from proxy.observe.tracing import Tracing
 
-    return Tracing(config.otlp_endpoint)
+    return Tracing(config.otlp_endpoint, logger=logger)
 
 
 def build_state(config: Config, *, metrics: Metrics | None = None, logger: Any = None) -> ProxyState:
     metrics = metrics or Metrics(config.model_label_limit)
     logger = logger or make_logger(config.log_format, config.log_level)
-    return ProxyState(config=config, metrics=metrics, books=Books(metrics, logger, open_tracing(config)))
+    return ProxyState(config=config, metrics=metrics, books=Books(metrics, logger, open_tracing(config, logger)))
 
 
 def build_main_server(state: ProxyState, max_connections: int | None = None) -> ProxyServer:

@@ -18,6 +18,7 @@ from aiohttp import web
 from proxy import __version__
 from proxy.config import Config
 from proxy.exchange.state import ProxyState
+from proxy.observe.metrics import keep_values_in_memory
 from proxy.server.app import build_admin_app, build_main_server, build_state, open_upstream_session
 from proxy.server.connections import ProxyServer
 from proxy.server.fdlimit import connection_limit, raise_fd_limit
@@ -26,6 +27,10 @@ __all__ = ["Server", "run_loop", "serve"]
 
 _FINAL_GRACE_SECONDS = 0.5  # after the drain deadline: time for interrupted streams to write their frame
 _CLOSE_SECONDS = 0.25  # then what is left of each connection (a lingering body read) is cut
+_DRAIN_MARGIN_SECONDS = 1.0  # design section 8: the process exits within --drain-timeout + 1 s
+_TRACING_SHARE_SECONDS = 0.3  # of that bound, kept for the tracer's last flush
+_EXIT_SECONDS = 0.4  # and for the process to exit after `stopped` (the loop's and the interpreter's teardown)
+_MIN_TRACING_SECONDS = 0.1  # the tracer's flush gets at least this, even when the drain used the margin
 _BACKLOG = 1024  # nginx uses 511; a burst of connects must not be refused by the kernel before the limit
 
 
@@ -95,6 +100,8 @@ class Server:
         self._shut_down = True
         state = self.state
         state.draining = True
+        loop = asyncio.get_running_loop()
+        bound = loop.time() + self.config.drain_timeout + _DRAIN_MARGIN_SECONDS  # the whole shutdown's
         await self._sites[0].stop()  # stop accepting on the main port; admin keeps answering 503
         await self._until_idle_or_hurried(self.config.drain_timeout)
         interrupted = state.interrupt_all()
@@ -106,9 +113,14 @@ class Server:
         if self._admin is not None:
             await self._admin.cleanup()
         await state.background.close()  # drains still reading write their books now
-        await state.cancel_hooks.close()  # --cancel-hook calls still in flight use the session
+        # --cancel-hook calls still in flight (those of interrupted exchanges too) run until the drain's
+        # end, leaving the tracer its share of it, then are cut.
+        await state.cancel_hooks.close(bound - _EXIT_SECONDS - _TRACING_SHARE_SECONDS - loop.time())
         if state.session is not None:
             await state.session.close()
+        if state.books.tracing is not None:  # the last spans (the interrupted exchanges') go out, bounded
+            left = max(_MIN_TRACING_SECONDS, bound - _EXIT_SECONDS - loop.time())
+            await asyncio.to_thread(state.books.tracing.close, left)
 
     async def _until_idle_or_hurried(self, within: float) -> None:
         """Wait until no exchange is in flight, a second signal comes, or `within` seconds pass."""
@@ -163,11 +175,17 @@ def _settings(config: Config) -> dict[str, object]:
 
 
 def serve(config: Config) -> None:
+    """One process (no `--workers`): never reads or writes an inherited multiprocess metrics directory."""
+    ignored = keep_values_in_memory()
     limits = raise_fd_limit()
     max_connections = connection_limit(config.max_client_connections, limits[1])
 
     async def main() -> None:
-        await Server(config, max_connections=max_connections).run(limits)
+        server = Server(config, max_connections=max_connections)
+        if ignored:
+            server.logger.warning("metrics_dir_ignored", path=ignored,
+                                  why="one process keeps its metrics in memory; --workers N makes its own directory")
+        await server.run(limits)
 
     run_loop(main())
 

@@ -10,7 +10,12 @@ between a worker's death and its replacement). The supervisor serves the one adm
 - /healthz: the supervisor lives.
 
 A worker that dies (a crash, the OOM killer, `kill -9`) is logged and replaced, with a back-off
-when replacements die young. SIGTERM/SIGINT: /readyz turns 503 and every worker gets SIGTERM and
+when replacements die young. A worker that hangs (its event loop stuck, or SIGSTOPped) keeps its
+accept queue, and the kernel keeps handing it new connections: each worker writes a heartbeat line
+every second from its loop, and one silent for HEARTBEAT_TIMEOUT seconds is killed and replaced
+(`worker_hung`); /readyz says 503 from then until its replacement is ready.
+
+SIGTERM/SIGINT: /readyz turns 503 and every worker gets SIGTERM and
 drains as one process would, so the set exits within --drain-timeout + 1 s; a
 second signal is passed on (the workers skip the rest of the wait). Workers run in their own session
 so that a terminal's Ctrl-C reaches them only through the supervisor, once.
@@ -21,11 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,15 +43,17 @@ from proxy.config import Config
 from proxy.observe.metrics import Metrics, ModelLabels
 from proxy.server.admin import build_admin_app
 from proxy.server.app import build_state, open_upstream_session
+from proxy.workers.metrics_dir import MetricsDir, sweep_stale
 from proxy.workers.worker import READY_LINE, WorkerBoot, encode_boot, encode_models
 
-__all__ = ["Supervisor", "supervise"]
+__all__ = ["HEARTBEAT_TIMEOUT", "Supervisor", "supervise"]
 
 _KILL_MARGIN_SECONDS = 2.0  # past a worker's own drain bound (--drain-timeout + 1 s): SIGKILL
 _FIRST_RESTART_DELAY = 0.1
 _MAX_RESTART_DELAY = 10.0
 _STABLE_SECONDS = 10.0  # a worker that lived this long resets the back-off
 _CLOSE_SECONDS = 0.25
+HEARTBEAT_TIMEOUT = 5.0  # seconds without a heartbeat (one a second) before a worker is taken for hung
 WORKER_ARGV = (sys.executable, "-m", "proxy.workers.worker")
 
 
@@ -107,8 +112,10 @@ class Supervisor:
         self.config = config
         self.multiprocess_dir = multiprocess_dir
         self.worker_argv = tuple(worker_argv)
+        self.heartbeat_timeout = HEARTBEAT_TIMEOUT
         metrics = Metrics(config.model_label_limit, multiprocess_dir=multiprocess_dir)
-        self.state = build_state(config, metrics=metrics, logger=logger)
+        # No tracer here: the workers' exchanges are the spans; the admin port makes none.
+        self.state = build_state(replace(config, otlp_endpoint=None), metrics=metrics, logger=logger)
         self.state.session = open_upstream_session(config)
         self.slots = [_Slot(i) for i in range(config.workers)]
         self._served: tuple[str, ...] | None = None
@@ -197,7 +204,12 @@ class Supervisor:
             await self._start(slot)
             proc = slot.proc
             assert proc is not None
-            code = await proc.wait()
+            watch = asyncio.ensure_future(self._watch(slot, proc)) if slot.ready else None
+            try:
+                code = await proc.wait()
+            finally:
+                if watch is not None:
+                    watch.cancel()
             slot.ready = False
             lived = time.monotonic() - slot.started_at
             self._forget(proc.pid)
@@ -239,6 +251,23 @@ class Supervisor:
         if line == READY_LINE:
             slot.ready = slot.been_ready = True
             self.logger.info("worker_ready", worker=slot.index, pid=proc.pid)
+
+    async def _watch(self, slot: _Slot, proc: asyncio.subprocess.Process) -> None:
+        """Read the worker's heartbeats; kill it when they stop (its `_keep` then replaces it)."""
+        assert proc.stdout is not None
+        while True:
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), self.heartbeat_timeout)
+            except TimeoutError:
+                break
+            if not line:  # EOF: the worker is exiting, and proc.wait() tells how
+                return
+        if proc.returncode is None:
+            slot.ready = False  # /readyz: 503 until the replacement is ready
+            self.logger.error("worker_hung", worker=slot.index, pid=proc.pid, silent_s=self.heartbeat_timeout,
+                              why="no heartbeat: its event loop is stuck or it is stopped; killed and replaced")
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
 
     def _broadcast_models(self, names: list[str]) -> None:
         line = encode_models(names)
@@ -314,7 +343,9 @@ def supervise(config: Config) -> int:
 
     from proxy.server.serve import run_loop
 
-    directory = tempfile.mkdtemp(prefix="streamwarden-metrics-")
+    stale = sweep_stale()  # left by supervisors that were killed (a /tmp emptyDir outlives restarts)
+    owned = MetricsDir()
+    directory = owned.path
     # The workers get PROMETHEUS_MULTIPROC_DIR in their environment before their first import of
     # prometheus_client. This process imported it already (the flags' module needs it), so it switches
     # the documented way: a multiprocess ValueClass, before any of its own metrics exist.
@@ -324,9 +355,12 @@ def supervise(config: Config) -> int:
     try:
         async def main() -> None:
             nonlocal result
-            result = await Supervisor(config, directory).run()
+            supervisor = Supervisor(config, directory)
+            if stale:
+                supervisor.logger.info("metrics_dirs_removed", directories=stale, why="their supervisors are gone")
+            result = await supervisor.run()
 
         run_loop(main())
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        owned.remove()
     return result

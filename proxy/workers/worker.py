@@ -6,7 +6,9 @@ uses (logs go to stderr, inherited):
   validated Config, so the worker never re-reads flags or environment), then one JSON line per change
   of the upstream's model names (the supervisor runs the /readyz probe that learns them). EOF means
   the supervisor is gone: the worker drains and exits rather than live on as an orphan.
-- stdout, worker -> supervisor: `ready` once the main port is bound.
+- stdout, worker -> supervisor: `ready` once the main port is bound, then `beat` every
+  HEARTBEAT_SECONDS from the event loop: a worker whose loop is stuck (or that is SIGSTOPped) still
+  holds its share of the port's connections, and only its silence tells (the supervisor kills it).
 
 PROMETHEUS_MULTIPROC_DIR is in this process's environment from its start (the supervisor set it),
 so prometheus_client is in multiprocess mode from its first import.
@@ -32,9 +34,11 @@ from proxy.server.fdlimit import connection_limit, raise_fd_limit
 from proxy.server.serve import Server, run_loop
 from proxy.workers.shared_labels import SharedModelLabels
 
-__all__ = ["READY_LINE", "WorkerBoot", "encode_boot", "encode_models", "main"]
+__all__ = ["BEAT_LINE", "HEARTBEAT_SECONDS", "READY_LINE", "WorkerBoot", "encode_boot", "encode_models", "main"]
 
 READY_LINE = b"ready\n"
+BEAT_LINE = b"beat\n"
+HEARTBEAT_SECONDS = 1.0
 _LENGTH = struct.Struct("!I")
 
 
@@ -97,6 +101,16 @@ def _tell_ready() -> None:
     os.write(1, READY_LINE)
 
 
+async def _heartbeat() -> None:
+    """A line per HEARTBEAT_SECONDS, written by the event loop itself: it stops when the loop does."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_SECONDS)
+        try:
+            os.write(1, BEAT_LINE)
+        except OSError:  # the supervisor is gone: stdin's EOF stops this worker
+            return
+
+
 async def _run(boot: WorkerBoot) -> None:
     config = boot.config
     limits = raise_fd_limit()
@@ -116,11 +130,18 @@ async def _run(boot: WorkerBoot) -> None:
         logger.info("upstream_models", models=len(names))
 
     follower = asyncio.ensure_future(_follow_supervisor(learn, server.request_stop))
+    tasks = [follower]
+
+    def started() -> None:
+        _tell_ready()
+        tasks.append(asyncio.ensure_future(_heartbeat()))
+
     try:
-        await server.run(limits, on_started=_tell_ready)
+        await server.run(limits, on_started=started)
     finally:
-        follower.cancel()
-        await asyncio.gather(follower, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def main() -> None:

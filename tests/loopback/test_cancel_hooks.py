@@ -11,9 +11,10 @@ import asyncio
 from dataclasses import dataclass, field
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
-from support import Proxy, ProxyFactory, ServeUpstream
+from support import Proxy, ProxyFactory, ServeUpstream, until
 
 from proxy.config import parse_hooks
 
@@ -50,7 +51,7 @@ async def upstream(serve_upstream: ServeUpstream) -> HookUpstream:
             request.transport.close()
             await asyncio.sleep(5)
         headers = {name.lower(): value for name, value in request.headers.items()}
-        state.calls.append((request.method, request.path_qs, await request.read(), headers))
+        state.calls.append((request.method, request.raw_path, await request.read(), headers))  # as sent
         state.called.set()
         if state.hook_gate is not None:
             await state.hook_gate.wait()
@@ -141,13 +142,13 @@ async def test_a_failing_hook_is_counted(make_proxy: ProxyFactory, upstream: Hoo
     assert failures(proxy, "http_status") == 1
 
 
-async def test_a_hook_body_that_renders_invalid_is_not_sent(make_proxy: ProxyFactory, upstream: HookUpstream) -> None:
+async def test_an_unquoted_body_placeholder_sends_a_json_string(
+    make_proxy: ProxyFactory, upstream: HookUpstream
+) -> None:
     proxy = await start(make_proxy, upstream, 'POST /abort_request {"session_id": {conversation_id}}')
-    await abandon(proxy, {"X-Conversation-Id": "not-a-number"})
-    line = (await hook_lines(proxy, 1))[0]
-    assert line["failure"] == "invalid_body"
-    assert upstream.calls == []
-    assert failures(proxy, "invalid_body") == 1
+    await abandon(proxy, {"X-Conversation-Id": "[1,2,3]"})
+    await asyncio.wait_for(upstream.called.wait(), 5)
+    assert upstream.calls[0][2] == b'{"session_id": "[1,2,3]"}'
 
 
 async def test_a_hanging_hook_never_holds_the_exchange(make_proxy: ProxyFactory, upstream: HookUpstream) -> None:
@@ -173,3 +174,101 @@ async def test_a_hook_target_that_hangs_up_is_counted(make_proxy: ProxyFactory, 
     line = (await hook_lines(proxy, 1))[0]
     assert (line["status"], line["failure"]) == (None, "connect_failed")
     assert failures(proxy, "connect_failed") == 1
+
+
+# Issue 22, findings 3-5: hostile ids, the hooks' own bounded connections, and the drain's end.
+async def abandon_raw(proxy: Proxy, extra_head: bytes) -> None:
+    """A stream abandoned by a client whose head carries bytes aiohttp's client would not send."""
+    body = orjson.dumps(CHAT)
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + extra_head + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await writer.drain()
+        await asyncio.wait_for(reader.readuntil(b"\n\n"), 5)  # the first event
+    finally:
+        writer.close()
+
+
+async def test_a_conversation_id_that_is_not_utf8_is_sent_as_its_bytes(
+    make_proxy: ProxyFactory, upstream: HookUpstream
+) -> None:
+    """Before: `quote()` raised in the handler's `finally`: no hook, and a phantom `proxy_error` exchange."""
+    proxy = await start(make_proxy, upstream, "llama-conversation", 'POST /abort {"conv": "{conversation_id}"}')
+    await abandon_raw(proxy, b"X-Request-Id: raw-1\r\nX-Conversation-Id: \xff\xfe..\r\n")
+    await asyncio.wait_for(upstream.called.wait(), 5)
+    lines = await hook_lines(proxy, 2)
+    assert [call[:2] for call in upstream.calls] == [("DELETE", "/v1/stream?conv_id=%FF%FE%2E%2E")]
+    assert {line["failure"] for line in lines} == {None, "invalid_id"}  # no JSON string holds those bytes
+    assert failures(proxy, "invalid_id") == 1
+    booked = await proxy.settled()
+    assert [(line["request_id"], line["reason"]) for line in booked] == [("raw-1", "client_disconnect")]
+    assert proxy.log_lines("proxy_error") == []
+
+
+async def test_dot_segments_cannot_climb_out_of_the_hook_path(make_proxy: ProxyFactory, upstream: HookUpstream) -> None:
+    proxy = await start(make_proxy, upstream, "DELETE /v1/stream/{conversation_id}/cancel")
+    await abandon(proxy, {"X-Conversation-Id": ".."})
+    await asyncio.wait_for(upstream.called.wait(), 5)
+    assert [call[:2] for call in upstream.calls] == [("DELETE", "/v1/stream/%2E%2E/cancel")]
+
+
+async def test_an_id_longer_than_a_request_id_is_not_sent(make_proxy: ProxyFactory, upstream: HookUpstream) -> None:
+    proxy = await start(make_proxy, upstream, "llama-conversation")
+    await abandon(proxy, {"X-Conversation-Id": "c" * 8_000})
+    line = (await hook_lines(proxy, 1))[0]
+    assert line["failure"] == "invalid_id"
+    assert upstream.calls == []
+    assert failures(proxy, "invalid_id") == 1
+
+
+async def test_hanging_hooks_do_not_take_the_proxy_s_upstream_connections(
+    make_proxy: ProxyFactory, upstream: HookUpstream
+) -> None:
+    """Before: hooks used the upstream pool; with --upstream-max-connections 1 the next request waited them out."""
+    upstream.hook_gate = asyncio.Event()
+    proxy = await make_proxy(upstream=upstream.url, cancel_hook=parse_hooks(["llama-conversation"]), hold_headers=0,
+                             upstream_max_connections=1)
+    proxy.state.cancel_hooks.timeout = 60  # a hook endpoint that never answers, and a patient hook
+    try:
+        await abandon(proxy, {"X-Conversation-Id": "c"})
+        await asyncio.wait_for(upstream.called.wait(), 5)
+        async with aiohttp.ClientSession() as http:
+            async with http.post(proxy.url + "/v1/chat/completions", json=CHAT, headers={"x-finish": "1"}) as resp:
+                body = await asyncio.wait_for(resp.read(), 20)
+        assert body.endswith(b"data: [DONE]\n\n")
+    finally:
+        upstream.hook_gate.set()
+
+
+async def test_hook_calls_in_flight_are_bounded_and_the_rest_dropped(
+    make_proxy: ProxyFactory, upstream: HookUpstream
+) -> None:
+    upstream.hook_gate = asyncio.Event()
+    proxy = await start(make_proxy, upstream, "llama-conversation", hook_timeout=60)
+    proxy.state.cancel_hooks.max_in_flight = 2
+    try:
+        for i in range(5):
+            await abandon(proxy, {"X-Conversation-Id": f"c{i}"})
+        await until(lambda: failures(proxy, "dropped") == 3)
+        await until(lambda: len(upstream.calls) == 2)
+        assert cancellations(proxy, "cancel_hook") == 2  # calls made
+    finally:
+        upstream.hook_gate.set()
+
+
+async def test_hooks_in_flight_are_cut_at_the_drain_s_end(make_proxy: ProxyFactory, upstream: HookUpstream) -> None:
+    """Before: shutdown waited for every hook call (its timeout + 1 s) past the drain bound."""
+    upstream.hook_gate = asyncio.Event()
+    proxy = await make_proxy(upstream=upstream.url, cancel_hook=parse_hooks(["llama-conversation"]), hold_headers=0,
+                             drain_timeout=0.5)
+    proxy.state.cancel_hooks.timeout = 60
+    try:
+        await abandon(proxy, {"X-Conversation-Id": "c"})
+        await asyncio.wait_for(upstream.called.wait(), 5)
+        proxy.server.request_stop()
+        await asyncio.wait_for(proxy.server.shutdown(), 0.5 + 1.0 + 3.0)  # the bound, and slack for a busy machine
+        assert failures(proxy, "cut") == 1
+        assert (await hook_lines(proxy, 1))[0]["failure"] == "cut"
+    finally:
+        upstream.hook_gate.set()

@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from support import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
+from support.hostile import ServeProcess
+from support.hostile import until as hostile_until
 from support.metrics import call, closed_port, leave_when
 
 from proxy.observe.tracing import Tracing
 
+# The longest a span attribute may be: a logged string (256 characters), each escaped as at most `\uXXXX`.
+MAX_ATTRIBUTE_LENGTH = 256 * 6
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
@@ -320,3 +327,142 @@ async def test_a_refused_connection_is_a_plain_error_span(
         "error", "bad_request", 431,
     )
     assert seen == []  # nothing went upstream
+
+
+# Issue 22, finding 1: what the client and the upstream send is bounded in spans as in the log line.
+async def test_client_strings_in_spans_are_cut_and_escaped_as_in_the_log(
+    traced: tuple[Proxy, Receiver, list[dict[str, str]]], http: aiohttp.ClientSession
+) -> None:
+    proxy, receiver, _ = traced
+    model = "\x1b[31m" + "m" * 200_000
+    async with http.post(f"{proxy.url}/v1/chat/completions", json={**CHAT, "model": model},
+                         headers={"X-Request-Id": "tr-big"}) as resp:
+        await resp.read()
+    async with http.post(f"{proxy.url}/x/{'p' * 7_000}", json={}, headers={"X-Request-Id": "tr-path"}) as resp:
+        await resp.read()
+    logged = await proxy.line_for("tr-big")
+    logged_path = await proxy.line_for("tr-path")
+    await flushed(proxy)
+    chat = receiver.span(f"chat {logged['model']}")  # the span's name carries the log line's model
+    assert attributes(chat.attributes)["gen_ai.request.model"] == logged["model"]
+    assert logged["model"] == "\\x1b[31m" + "m" * 251  # 256 characters, then escaped
+    assert attributes(receiver.span("POST").attributes)["url.path"] == logged_path["path"]
+    for span in receiver.spans:
+        for key, value in attributes(span.attributes).items():
+            if isinstance(value, str):
+                assert len(value) <= MAX_ATTRIBUTE_LENGTH, key
+                assert "\x1b" not in value, key
+
+
+async def test_the_sdk_attribute_limit_is_set_when_the_operator_set_none(
+    traced: tuple[Proxy, Receiver, list[dict[str, str]]],
+) -> None:
+    """Whatever a future attribute forgets to cut, the SDK cuts (OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT's default)."""
+    proxy, receiver, _ = traced
+    tracing = proxy.state.books.tracing
+    assert tracing is not None
+    span = tracing.tracer.start_span("probe", attributes={"x": "y" * 100_000})
+    span.end()
+    await flushed(proxy)
+    assert len(attributes(receiver.span("probe").attributes)["x"]) == MAX_ATTRIBUTE_LENGTH
+
+
+# Issue 22, finding 2: the SDK's own messages are structured log lines of the proxy.
+async def test_sdk_log_records_go_through_the_proxy_s_logger(
+    traced: tuple[Proxy, Receiver, list[dict[str, str]]], http: aiohttp.ClientSession
+) -> None:
+    proxy, _, _ = traced
+    headers = {"traceparent": "00-" + "a" * 600, "X-Request-Id": "tr-long-parent"}
+    async with http.post(f"{proxy.url}/v1/chat/completions", json=CHAT, headers=headers) as resp:
+        await resp.read()
+    await proxy.line_for("tr-long-parent")
+    [line] = [line for line in proxy.log_lines("otel_sdk") if "traceparent" in line["message"]]
+    assert line["level"] == "warning"
+    assert line["source"].startswith("opentelemetry.")
+
+
+async def test_a_hanging_collector_does_not_hold_shutdown_past_the_drain_bound(
+    aiohttp_server: AiohttpServer, tmp_path: Any
+) -> None:
+    """`serve` with a collector that accepts and never answers exits within --drain-timeout + 1 s (+ slack).
+
+    Before: the SDK's exporter (10 s timeout, then retries) flushed at interpreter exit, 8.7-30 s.
+    """
+    hang = asyncio.Event()
+
+    async def collector(request: web.Request) -> web.Response:
+        await hang.wait()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", collector)
+    collector_url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+
+    async def fake(request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]})
+
+    upstream = web.Application()
+    upstream.router.add_route("*", "/{tail:.*}", fake)
+    upstream_url = str((await aiohttp_server(upstream)).make_url("")).rstrip("/")
+    port, admin_port = closed_port(), closed_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "serve", "--upstream", upstream_url, "--host", "127.0.0.1",
+        "--port", str(port), "--admin-port", str(admin_port), "--otlp-endpoint", collector_url,
+        "--drain-timeout", "0.5", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            async with asyncio.timeout(30):
+                while True:
+                    try:
+                        async with http.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                             json={"model": "m", "messages": []}) as resp:
+                            assert resp.status == 200
+                            break
+                    except aiohttp.ClientConnectionError:
+                        await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        took = time.monotonic() - started
+    finally:
+        hang.set()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.stderr is not None
+    lines = (await proc.stderr.read()).decode().splitlines()
+    assert took < 0.5 + 1.0 + 3.0, took  # the bound plus slack for a busy machine; the SDK alone takes 10 s
+    for line in lines:
+        orjson.loads(line)  # every line the process wrote is a structured one
+
+
+async def test_workers_flush_within_their_drain_and_are_not_killed(aiohttp_server: AiohttpServer) -> None:
+    """`--workers 2` and a collector that never answers: before, each worker was killed at drain + 3 s."""
+    hang = asyncio.Event()
+
+    async def collector(request: web.Request) -> web.Response:
+        await hang.wait()
+        return web.Response()
+
+    async def fake(request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]})
+
+    collector_app, upstream = web.Application(), web.Application()
+    collector_app.router.add_post("/v1/traces", collector)
+    upstream.router.add_route("*", "/{tail:.*}", fake)
+    collector_url = str((await aiohttp_server(collector_app)).make_url("")).rstrip("/")
+    upstream_url = str((await aiohttp_server(upstream)).make_url("")).rstrip("/")
+    proc = ServeProcess(upstream_url, "--workers", "2", "--otlp-endpoint", collector_url, "--drain-timeout", "0.5")
+    try:
+        await hostile_until(lambda: len(proc.lines("worker_ready")) == 2)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+            for _ in range(6):  # fresh connections: both workers serve some
+                async with http.post(proc.url + "/v1/chat/completions", json={"model": "m", "messages": []}) as resp:
+                    assert resp.status == 200
+        proc.signal(signal.SIGTERM)
+        assert await asyncio.wait_for(asyncio.to_thread(proc.proc.wait), 30) == 0
+    finally:
+        hang.set()
+        proc.stop()
+    assert proc.lines("worker_killed") == []

@@ -424,3 +424,30 @@ async def test_workers_that_keep_dying_are_restarted_with_a_back_off(
     delays = [line["restart_in_s"] for line in exits[:3]]
     assert delays == [0.1, 0.2, 0.4]
     assert len({line["pid"] for line in exits}) == len(exits)
+
+
+async def test_a_hung_worker_is_killed_and_replaced(fake_upstream: FakeUpstream) -> None:
+    """Issue 22, finding 6: a SIGSTOPped worker keeps its accept queue; only its silence tells.
+
+    Before: the supervisor reacted to exits only; /readyz said 200 and 8 of 20 new requests hung.
+    """
+    async with workers(fake_upstream.url) as proc:
+        victim = proc.lines("worker_ready")[0]
+        os.kill(victim["pid"], signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(WAIT):  # /readyz turns 503 once the silence is noticed
+                while (await readyz(proc))[0] != 503:  # noqa: ASYNC110 - another process: polled
+                    await asyncio.sleep(0.02)
+            hung = await proc.line(lambda line: line["pid"] == victim["pid"], "worker_hung")
+            assert hung["worker"] == victim["worker"]
+            exited = await proc.line(lambda line: line["pid"] == victim["pid"], "worker_exited")
+            assert exited["exit"] == "SIGKILL"
+            await proc.line(lambda line: line["worker"] == victim["worker"] and line["pid"] != victim["pid"],
+                            "worker_ready")
+            assert await readyz(proc) == (200, {"status": "ready", "upstream_up": True})
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim["pid"], signal.SIGCONT)
+        async with fresh() as http:
+            async with asyncio.timeout(WAIT):
+                await asyncio.gather(*(ok_stream(http, proc, f"after-hang-{i}") for i in range(20)))

@@ -43,7 +43,9 @@ CANCELLATION_REASONS = frozenset({
     "client_disconnect", "client_stalled", "stall_timeout", "first_byte_timeout", "shutdown", "upstream_error",
     "cancel_hook",
 })  # fmt: skip
-CANCEL_HOOK_FAILURE_REASONS = frozenset({"timeout", "connect_failed", "http_status", "invalid_body"})
+CANCEL_HOOK_FAILURE_REASONS = frozenset({
+    "timeout", "connect_failed", "http_status", "invalid_body", "invalid_id", "dropped", "cut", "error",
+})
 REWRITE_REASONS = frozenset({
     "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
     "malformed_event", "oversized_event", "late_commit_status", "upstream_aborted",

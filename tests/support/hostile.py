@@ -49,12 +49,15 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], host: str = "127.0
 class ServeProcess:
     """`streamwarden serve` on free loopback ports, its log lines collected as they are written."""
 
-    def __init__(self, upstream: str, *flags: str, nofile: int | None = None, admin_host: str | None = None):
+    def __init__(
+        self, upstream: str, *flags: str, nofile: int | None = None, admin_host: str | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.port, self.admin_port = free_port(), free_port()
         self.admin_host = admin_host or "127.0.0.1"
         argv = [PY, "-m", "proxy", "serve", "--upstream", upstream, "--host", "127.0.0.1",
                 "--port", str(self.port), "--admin-port", str(self.admin_port), *flags]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}, **(env or {})}
 
         def limit_fds() -> None:
             if nofile is not None:

@@ -32,15 +32,41 @@ def test_generic_hook_with_a_json_body_escapes_the_values() -> None:
     assert orjson.loads(call.body) == {"rid": 'a"b\\c', "abort_all": False}
 
 
-def test_a_numeric_placeholder_renders_bare() -> None:
-    hook = parse_hook('POST /abort_request {"session_id": {conversation_id}}')  # LMDeploy's integer session
-    call = hook.render("r", "42")
+@pytest.mark.parametrize("value", ["42", "[1,2,3]", "{}", "null", "true", 'x", "y": "z', "abc"])
+def test_an_unquoted_placeholder_is_always_a_json_string(value: str) -> None:
+    """Issue 22, finding 4: no id turns into a number, an array, an object, null, or a second field."""
+    hook = parse_hook('POST /abort_request {"session_id": {conversation_id}, "rid": "{request_id}"}')
+    call = hook.render("r", value)
     assert call is not None
     assert call.body is not None
-    assert orjson.loads(call.body) == {"session_id": 42}
-    bad = hook.render("r", "abc")  # renders, but is not JSON: the runner counts it as invalid_body
-    assert bad is not None
-    assert bad.body == b'{"session_id": abc}'
+    assert orjson.loads(call.body) == {"session_id": value, "rid": "r"}
+
+
+@pytest.mark.parametrize(
+    ("value", "segment"),
+    [("..", "%2E%2E"), (".", "%2E"), ("a/../b", "a%2F%2E%2E%2Fb"), ("c 7?x#y", "c%207%3Fx%23y"), ("~_-", "~_-"),
+     ("\udcff\udcfe", "%FF%FE")],  # header bytes that are not UTF-8 (aiohttp's surrogate escapes): as they came
+)
+def test_path_values_are_percent_encoded_dot_segments_included(value: str, segment: str) -> None:
+    """Issue 22, findings 3-4: `..` cannot climb out of the hook's path; any header bytes are safe."""
+    call = parse_hook("DELETE /v1/stream/{conversation_id}/cancel").render("r", value)
+    assert call is not None
+    assert call.path == f"/v1/stream/{segment}/cancel"
+
+
+def test_an_id_longer_than_a_request_id_is_not_sent() -> None:
+    hook = parse_hook("llama-conversation")
+    assert hook.render("r", "c" * 200) is not None
+    with pytest.raises(ValueError, match="at most 200"):
+        hook.render("r", "c" * 201)
+    with pytest.raises(ValueError, match="at most 200"):
+        hook.render("r", "c" * 60_000)
+
+
+def test_non_utf8_bytes_have_no_json_string() -> None:
+    hook = parse_hook('POST /abort {"conv": "{conversation_id}"}')
+    with pytest.raises(ValueError, match="not UTF-8"):
+        hook.render("r", "\udcff")
 
 
 def test_placeholders_in_the_path_and_a_body_with_spaces() -> None:
