@@ -22,8 +22,11 @@ class Background:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    async def close(self) -> None:
-        """Cancel what is still running and wait for it to unwind (its `finally` writes its books)."""
+    async def close(self, grace: float = 0.0) -> None:
+        """Give what still runs up to `grace` seconds, then cancel it and wait for it to unwind (its
+        `finally` writes its books)."""
+        if self._tasks and grace > 0:
+            await asyncio.wait(set(self._tasks), timeout=grace)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

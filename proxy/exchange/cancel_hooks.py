@@ -36,6 +36,7 @@ from yarl import URL
 from proxy.config import CONVERSATION_HEADER, CancelHook, HookCall, UnsendableId
 from proxy.core.lifecycle import HOOKED_CANCELLATIONS, Cancellation
 from proxy.core.record import ExchangeRecord
+from proxy.exchange.background import Background
 from proxy.observe.metrics import CANCEL_HOOK_FAILURE_REASONS, Metrics
 
 __all__ = ["HOOK_FAILURE_REASONS", "HOOK_MAX_IN_FLIGHT", "CancelHooks"]
@@ -69,7 +70,7 @@ class CancelHooks:
         self._authorization = upstream_authorization
         self._metrics = metrics
         self._logger = logger
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Background()  # the calls in flight
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -103,9 +104,7 @@ class CancelHooks:
         authorization = request_headers.get("Authorization") or self._authorization
         if authorization:
             headers["Authorization"] = authorization  # the key the client used; backends guard these routes
-        task = asyncio.get_running_loop().create_task(self._call(hook, call, ex, headers))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._call(hook, call, ex, headers))
 
     def _failed(self, ex: ExchangeRecord, reason: str) -> None:
         self._metrics.cancel_hook_failures.labels(api=ex.api, reason=reason).inc()
@@ -161,10 +160,6 @@ class CancelHooks:
     async def close(self, within: float = 0.0) -> None:
         """For shutdown: the calls in flight get up to `within` seconds (the drain's end), then are cut."""
         self._closed = True
-        if self._tasks and within > 0:
-            await asyncio.wait(set(self._tasks), timeout=within)
-        for task in set(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close(grace=within)
         if self._session is not None:
             await self._session.close()
