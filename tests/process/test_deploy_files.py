@@ -154,7 +154,7 @@ def test_there_are_manifests_for_both_backends() -> None:
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_manifest_core_kinds_validate(path: Path, version: str) -> None:
     core = [doc for doc in documents(path) if not doc["apiVersion"].startswith("monitoring.coreos.com/")]
-    assert {doc["kind"] for doc in core} == {"Deployment", "Service"}
+    assert {doc["kind"] for doc in core} == {"Deployment", "Service", "PodDisruptionBudget"}
     for doc in core:
         kubernetes_validate.validate(doc, version, strict=True)
 
@@ -167,12 +167,21 @@ def test_podmonitor_scrapes_the_sidecars_admin_port(path: Path) -> None:
     selector = monitor["spec"]["selector"]
     assert set(selector) == {"matchLabels"}, "only matchLabels is checked here"
     assert selector["matchLabels"].items() <= pod_labels.items()
-    endpoints = monitor["spec"]["podMetricsEndpoints"]
-    assert len(endpoints) == 1
+    endpoints = {job_relabeling(e): e for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert set(endpoints) == {"streamwarden", "llm-backend"}
     env = container_env(sidecar(path))
-    assert port_number(sidecar(path), endpoints[0]["port"]) == int(effective(env, "admin-port"))
-    assert endpoints[0].get("path", "/metrics") == "/metrics"
-    assert all(p.get("name") != endpoints[0]["port"] for p in backend(path).get("ports", []))
+    assert port_number(sidecar(path), endpoints["streamwarden"]["port"]) == int(effective(env, "admin-port"))
+    # Issue 21: the backend's own metrics, through the proxy's main port (the backend is on loopback).
+    assert port_number(sidecar(path), endpoints["llm-backend"]["port"]) == int(effective(env, "port"))
+    for endpoint in endpoints.values():
+        assert endpoint.get("path", "/metrics") == "/metrics"
+        assert all(p.get("name") != endpoint["port"] for p in backend(path).get("ports", []))
+
+
+def job_relabeling(endpoint: dict[str, Any]) -> str:
+    """The `job` label a PodMonitor endpoint sets: StreamwardenTargetDown watches job="streamwarden"."""
+    (job,) = [r["replacement"] for r in endpoint.get("relabelings", []) if r.get("targetLabel") == "job"]
+    return str(job)
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
@@ -297,7 +306,8 @@ def test_kubectl_kustomize_renders_the_manifests() -> None:
     rendered = kustomize(KUBERNETES)
     namespace = kustomization()["namespace"]
     kinds = sorted(doc["kind"] for doc in rendered)
-    assert kinds == sorted(["Namespace"] + [doc["kind"] for path in MANIFESTS for doc in documents(path)])
+    expected = ["Namespace", "PrometheusRule"] + [doc["kind"] for path in MANIFESTS for doc in documents(path)]
+    assert kinds == sorted(expected), "the alerts component is part of `kubectl apply -k`"
     for doc in rendered:
         if doc["kind"] != "Namespace":
             assert doc["metadata"]["namespace"] == namespace, doc["metadata"]["name"]
@@ -316,16 +326,17 @@ def test_the_component_for_clusters_without_the_operator_leaves_only_the_podmoni
     if not kustomize_supports_components():
         pytest.skip("this kubectl's kustomize predates components (v3.7)")
     text = KUSTOMIZATION.read_text()
-    commented = "# components:\n#   - without-prometheus-operator\n"
-    assert commented in text, "the README's recipe: uncomment these two lines"
+    commented = "  # - components/without-prometheus-operator\n"
+    assert commented in text, "the README's recipe: uncomment this line"
     copy = tmp_path / "kubernetes"
     shutil.copytree(KUBERNETES, copy)
-    (copy / "kustomization.yaml").write_text(text.replace(commented, "components:\n  - without-prometheus-operator\n"))
+    (copy / "kustomization.yaml").write_text(text.replace(commented, commented.replace("# ", "")))
     without = kustomize(copy)
-    assert sorted(d["kind"] for d in kustomize(KUBERNETES) if d["kind"] != "PodMonitor") == sorted(
+    operator_kinds = {"PodMonitor", "PrometheusRule"}
+    assert sorted(d["kind"] for d in kustomize(KUBERNETES) if d["kind"] not in operator_kinds) == sorted(
         d["kind"] for d in without
     )
-    assert "PodMonitor" not in {d["kind"] for d in without}
+    assert not {d["apiVersion"].split("/")[0] for d in without} & {"monitoring.coreos.com"}
 
 
 # --- the in-cluster Prometheus scrape job, applied to the manifests' pods ----------------------------
@@ -371,7 +382,7 @@ def discovered_targets(path: Path) -> Iterator[dict[str, str]]:
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_kubernetes_scrape_job_keeps_one_target_per_pod(path: Path) -> None:
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-kubernetes.yml").read_text())
-    (job,) = config["scrape_configs"]
+    job = scrape_job(config, "streamwarden")
     assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
     kept = [
         (meta, labels) for meta in discovered_targets(path)
@@ -389,14 +400,33 @@ def test_kubernetes_scrape_job_keeps_one_target_per_pod(path: Path) -> None:
 
 def test_kubernetes_scrape_job_drops_pods_that_are_not_running() -> None:
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-kubernetes.yml").read_text())
-    meta = next(
-        m for m in discovered_targets(MANIFESTS[0]) if m["__meta_kubernetes_pod_container_name"] == SIDECAR
-        and m["__meta_kubernetes_pod_container_port_name"] == "metrics"
-    )
-    assert relabel(meta, config["scrape_configs"][0]["relabel_configs"]) is not None
-    for phase in ("Pending", "Succeeded", "Failed"):
-        pending = {**meta, "__meta_kubernetes_pod_phase": phase}
-        assert relabel(pending, config["scrape_configs"][0]["relabel_configs"]) is None
+    for job in config["scrape_configs"]:
+        port = "metrics" if job["job_name"] == "streamwarden" else "http"
+        meta = next(
+            m for m in discovered_targets(MANIFESTS[0]) if m["__meta_kubernetes_pod_container_name"] == SIDECAR
+            and m["__meta_kubernetes_pod_container_port_name"] == port
+        )
+        assert relabel(meta, job["relabel_configs"]) is not None
+        for phase in ("Pending", "Succeeded", "Failed"):
+            pending = {**meta, "__meta_kubernetes_pod_phase": phase}
+            assert relabel(pending, job["relabel_configs"]) is None
+
+
+def scrape_job(config: dict[str, Any], name: str) -> dict[str, Any]:
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == name]
+    return dict(job)
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_kubernetes_backend_job_scrapes_the_backend_through_the_proxys_main_port(path: Path) -> None:
+    """Issue 21: the backend's own metrics (it listens on loopback) come through the proxy's main port."""
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-kubernetes.yml").read_text())
+    job = scrape_job(config, "llm-backend")
+    kept = [meta for meta in discovered_targets(path) if relabel(meta, job["relabel_configs"]) is not None]
+    assert len(kept) == 1
+    assert kept[0]["__meta_kubernetes_pod_container_name"] == SIDECAR
+    assert kept[0]["__meta_kubernetes_pod_container_port_number"] == effective(container_env(sidecar(path)), "port")
+    assert job.get("metrics_path", "/metrics") == "/metrics"
 
 
 # --- compose -------------------------------------------------------------------------------------------
@@ -470,9 +500,35 @@ def test_compose_publishes_every_port_on_loopback_only() -> None:
             assert str(entry).startswith("127.0.0.1:"), f"{name} publishes {entry} on every interface"
 
 
-def test_compose_says_it_needs_compose_v2() -> None:
-    assert "name" in compose(), "the top-level name: is what Compose v1 rejects"
-    assert "Compose v2" in COMPOSE.read_text().split("name:")[0]
+def test_compose_has_nothing_compose_1_29_rejects() -> None:
+    """Issue 21: Debian 12's docker-compose 1.29 refuses a top-level `name:` ('does not match any of the
+    regexes'); the project name comes from `-p`, as the file's header says."""
+    assert set(compose()) <= {"services", "volumes", "networks"}
+    assert "-p streamwarden" in COMPOSE.read_text().split("services:")[0]
+
+
+COMPOSE_TOOLS = {
+    "docker compose": [shutil.which("docker"), "compose"],
+    "docker-compose": [shutil.which("docker-compose")],
+}
+
+
+@pytest.mark.parametrize("tool", list(COMPOSE_TOOLS))
+def test_compose_config_accepts_the_file(tool: str) -> None:
+    """Both Compose v2 and Debian's docker-compose 1.29 read the file (each when installed)."""
+    command = COMPOSE_TOOLS[tool]
+    if command[0] is None:
+        pytest.skip(f"{tool} is not installed (Debian: apt-get install docker-compose)")
+    if tool == "docker compose":
+        probe = subprocess.run([*command, "version"], capture_output=True, text=True, timeout=60, check=False)
+        if probe.returncode != 0:
+            pytest.skip("this docker has no compose plugin")
+    done = subprocess.run(
+        [*command, "-p", "streamwarden", "-f", str(COMPOSE), "config"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert set(yaml.safe_load(done.stdout)["services"]) == set(compose()["services"])
 
 
 def test_compose_prometheus_sets_the_labels_the_alerts_and_dashboard_group_by() -> None:
@@ -490,13 +546,16 @@ def test_compose_prometheus_sets_the_labels_the_alerts_and_dashboard_group_by() 
     assert all(static["labels"].values())
 
 
-def test_compose_model_comes_from_a_documented_volume() -> None:
+def test_compose_model_is_downloaded_like_the_kubernetes_one() -> None:
+    """Issue 21: llama.cpp's `-hf` download into a volume, as llamacpp-sidecar.yaml does; no GGUF by hand."""
     llama = compose()["services"]["llamacpp"]
-    model = cli_option([interpolate(str(a)) for a in llama["command"]], "model")
-    assert model is not None
-    model_dir = str(Path(model).parent)
-    assert model_dir in mounts(llama)
-    for variable in re.findall(r"\$\{(\w+):-", " ".join(llama["volumes"] + llama["command"])):
+    args = [interpolate(str(a)) for a in llama["command"]]
+    kubernetes = [str(a) for a in backend(KUBERNETES / "llamacpp-sidecar.yaml")["args"]]
+    assert cli_option(args, "hf") == cli_option(kubernetes, "hf")
+    assert cli_option(args, "alias") == cli_option(kubernetes, "alias")
+    assert "--metrics" in args, "Prometheus scrapes llama.cpp's own metrics too"
+    assert mounts(llama)[compose_env(llama)["LLAMA_CACHE"]] == "llama-cache"
+    for variable in re.findall(r"\$\{(\w+):-", " ".join(llama["command"])):
         assert variable in COMPOSE.read_text().split("services:")[0], f"{variable} is not documented"
 
 
@@ -510,11 +569,16 @@ def test_compose_prometheus_loads_the_tested_config_and_rules() -> None:
     for rule_file in config["rule_files"]:
         in_container = str(Path(config_path).parent / rule_file)
         assert volumes.get(in_container) == RULES, f"{in_container} is not the tested rules file"
-    # The static job scrapes the streamwarden service's admin port.
-    (job,) = config["scrape_configs"]
-    (static,) = job["static_configs"]
+    # The static job scrapes the streamwarden service's admin port; llm-backend, llama.cpp's own metrics.
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"streamwarden", "llm-backend"}
+    (static,) = jobs["streamwarden"]["static_configs"]
     env = compose_env(services[SIDECAR])
     assert static["targets"] == [f"{SIDECAR}:{effective(env, 'admin-port')}"]
+    (backend_target,) = jobs["llm-backend"]["static_configs"]
+    upstream = env["STREAMWARDEN_UPSTREAM"].removeprefix("http://")
+    assert backend_target["targets"] == [upstream]
+    assert backend_target["labels"] == static["labels"]
 
 
 def test_compose_grafana_provisions_the_datasource_and_the_dashboard() -> None:

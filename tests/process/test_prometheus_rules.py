@@ -45,7 +45,7 @@ from support.promql_exprs import (
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 RULES_TEST = PROMETHEUS / "rules_test.yml"
-PROMETHEUS_RULE = PROMETHEUS / "prometheusrule.yaml"
+PROMETHEUS_RULE = ROOT / "deploy" / "kubernetes" / "components" / "alerts" / "prometheusrule.yaml"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is not on PATH (Debian: apt-get install prometheus)"
@@ -67,6 +67,8 @@ FIXED_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("streamwarden_tokens_total", "source"): SOURCES,
     ("streamwarden_aborts_total", "phase"): ABORT_PHASES,
     **{(name, "api"): APIS for name, (_, labels) in METRICS.items() if "api" in labels},
+    # The jobs the PodMonitors' relabelings and both Prometheus configs name (StreamwardenTargetDown).
+    ("up", "job"): frozenset({"streamwarden", "llm-backend"}),
 }
 
 
@@ -74,6 +76,8 @@ def family(series: str) -> tuple[str, frozenset[str]]:
     """The contract metric a series name belongs to, and the labels the series carries."""
     if series in METRICS:
         return series, METRICS[series][1]
+    if series == "up":  # Prometheus' own per-target health series: only target labels
+        return series, frozenset()
     for suffix, extra in (("_bucket", {"le"}), ("_sum", set()), ("_count", set())):
         base = series.removesuffix(suffix)
         if base != series and base in METRICS and METRICS[base][0] == "histogram":
@@ -386,7 +390,7 @@ def test_prometheusrule_manifest_carries_the_same_rules() -> None:
     assert manifest["metadata"]["name"] == "streamwarden"
     assert set(manifest["spec"]) == {"groups"}
     assert manifest["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"], (
-        "deploy/prometheus/prometheusrule.yaml differs from rules.yml: copy rules.yml's groups under spec"
+        "deploy/kubernetes/components/alerts/prometheusrule.yaml differs from rules.yml: copy rules.yml's groups under spec"
     )
 
 

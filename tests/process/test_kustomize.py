@@ -1,0 +1,196 @@
+"""Issue 21: `kubectl apply -k` installs everything an operator needs, and every kustomization renders.
+
+The base (deploy/kubernetes) carries the alerts component; the components (alerts, the one for
+clusters without the Prometheus Operator, the sidecar patch for an existing Deployment) are rendered
+through the kustomizations that use them, with the real `kubectl kustomize`, and what comes out is
+checked: every core object validates against the Kubernetes schema, the sidecar patch gives a pod
+whose Service reaches the proxy and whose PodMonitor selects it, the PDBs select their pods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version  # type: ignore[import-untyped]
+
+from proxy.config import Config
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBERNETES = ROOT / "deploy" / "kubernetes"
+COMPONENTS = KUBERNETES / "components"
+EXAMPLE = KUBERNETES / "examples" / "existing-deployment"
+README = (ROOT / "README.md").read_text()
+KUBECTL = shutil.which("kubectl")
+SIDECAR = "streamwarden"
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (Debian: kubernetes-client)")
+
+
+def kustomize(root: Path) -> list[dict[str, Any]]:
+    assert KUBECTL is not None
+    done = subprocess.run([KUBECTL, "kustomize", str(root)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def kustomizations() -> list[Path]:
+    return sorted(p.parent for p in KUBERNETES.rglob("kustomization.yaml"))
+
+
+def is_component(folder: Path) -> bool:
+    return bool(yaml.safe_load((folder / "kustomization.yaml").read_text())["kind"] == "Component")
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def validate_core(docs: list[dict[str, Any]]) -> None:
+    for doc in docs:
+        if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(doc, latest_version(), strict=True)
+
+
+def pod_ports(pod: dict[str, Any], container: str) -> dict[str, int]:
+    (found,) = [c for c in pod["spec"]["containers"] if c["name"] == container]
+    return {p["name"]: p["containerPort"] for p in found.get("ports", [])}
+
+
+# --- every kustomization and component ----------------------------------------------------------------
+
+
+def test_every_component_is_used_by_a_rendered_kustomization() -> None:
+    """A component cannot be rendered alone: each one must be reachable from a kustomization tested here."""
+    components = {p for p in kustomizations() if is_component(p)}
+    assert components == {COMPONENTS / "alerts", COMPONENTS / "without-prometheus-operator", COMPONENTS / "sidecar"}
+    used: set[Path] = set()
+    for folder in kustomizations():
+        config = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        used |= {(folder / c).resolve() for c in config.get("components", [])}
+    used.add(COMPONENTS / "without-prometheus-operator")  # commented out in the base; rendered below
+    assert components <= used
+
+
+@needs_kubectl
+@pytest.mark.parametrize(
+    "folder", [p for p in kustomizations() if not is_component(p)], ids=lambda p: str(p.relative_to(KUBERNETES))
+)
+def test_every_kustomization_renders_and_validates(folder: Path) -> None:
+    rendered = kustomize(folder)
+    assert rendered
+    validate_core(rendered)
+    assert of_kind(rendered, "PrometheusRule"), "the alerts come with `kubectl apply -k`"
+
+
+@needs_kubectl
+def test_the_base_renders_alerts_pdbs_and_monitors_for_each_backend() -> None:
+    rendered = kustomize(KUBERNETES)
+    deployments = of_kind(rendered, "Deployment")
+    assert len(deployments) == 2
+    for deployment in deployments:
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        (pdb,) = [p for p in of_kind(rendered, "PodDisruptionBudget")
+                  if p["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        assert pdb["spec"]["maxUnavailable"] == 1, "a one-replica Deployment must not block node drains"
+        (monitor,) = [m for m in of_kind(rendered, "PodMonitor")
+                      if m["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        jobs = {r["replacement"] for e in monitor["spec"]["podMetricsEndpoints"] for r in e["relabelings"]}
+        assert jobs == {"streamwarden", "llm-backend"}
+    (rule,) = of_kind(rendered, "PrometheusRule")
+    annotations = [r["annotations"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert all(a["runbook_url"].endswith(".md#" + a["runbook_url"].split("#")[1]) for a in annotations)
+
+
+@needs_kubectl
+def test_the_release_label_patch_of_the_readme_labels_every_monitoring_object(tmp_path: Path) -> None:
+    """kube-prometheus-stack selects PodMonitors and PrometheusRules by `release`: the README's step works."""
+    text = (KUBERNETES / "kustomization.yaml").read_text()
+    commented = re.search(r"^# patches:\n(?:#.*\n)+", text, re.M)
+    assert commented, "kustomization.yaml carries the release patch, commented"
+    patch = "".join(line.removeprefix("# ") + "\n" for line in commented[0].splitlines())
+    assert patch.replace("kube-prometheus-stack", "<release>") in README.replace("kube-prometheus-stack", "<release>")
+    copy = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, copy)
+    (copy / "kustomization.yaml").write_text(text.replace(commented[0], patch))
+    rendered = kustomize(copy)
+    monitoring = [d for d in rendered if d["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert {d["kind"] for d in monitoring} == {"PodMonitor", "PrometheusRule"}
+    assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in monitoring)
+    others = [d for d in rendered if not d["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert all("release" not in d["metadata"].get("labels", {}) for d in others)
+
+
+# --- the backends' settings -----------------------------------------------------------------------------
+
+
+def manifest_deployment(name: str) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all((KUBERNETES / name).read_text()) if d]
+    (deployment,) = of_kind(docs, "Deployment")
+    return deployment
+
+
+def test_vllm_sends_usage_in_every_stream_and_rolls_out_on_one_gpu() -> None:
+    """Exact token counts (not estimates) need vLLM's forced usage; a surge pod would wait for a 2nd GPU."""
+    deployment = manifest_deployment("vllm-sidecar.yaml")
+    (vllm,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    assert "--enable-force-include-usage" in vllm["args"]
+    rolling = deployment["spec"]["strategy"]["rollingUpdate"]
+    assert rolling == {"maxSurge": 0, "maxUnavailable": 1}
+    text = (KUBERNETES / "vllm-sidecar.yaml").read_text()
+    assert "maxSurge: 1" in text.split("strategy:")[0], "the comment says what to use with a spare GPU"
+
+
+def test_llamacpp_serves_its_own_metrics() -> None:
+    deployment = manifest_deployment("llamacpp-sidecar.yaml")
+    (llama,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] != SIDECAR]
+    assert "--metrics" in llama["args"]
+
+
+# --- the sidecar component on an existing Deployment -------------------------------------------------------
+
+
+@needs_kubectl
+def test_the_sidecar_component_puts_the_proxy_in_front_of_an_existing_deployment() -> None:
+    before = [d for d in yaml.safe_load_all((EXAMPLE / "vllm.yaml").read_text()) if d]
+    rendered = kustomize(EXAMPLE)
+    validate_core(rendered)
+    (deployment,) = of_kind(rendered, "Deployment")
+    (original,) = of_kind(before, "Deployment")
+    pod = deployment["spec"]["template"]
+    names = [c["name"] for c in pod["spec"]["containers"]]
+    assert sorted(names) == sorted([SIDECAR, "vllm"])
+    (backend,) = [c for c in pod["spec"]["containers"] if c["name"] == "vllm"]
+    (untouched,) = original["spec"]["template"]["spec"]["containers"]
+    assert backend == untouched, "the backend container is left as it was"
+    assert deployment["spec"]["selector"] == original["spec"]["selector"], "a selector is immutable"
+    (proxy,) = [c for c in pod["spec"]["containers"] if c["name"] == SIDECAR]
+    assert proxy["image"] == "registry.example.com/streamwarden:0.1.0"
+    env = {e["name"]: e["value"] for e in proxy["env"]}
+    backend_port = pod_ports(pod, "vllm")["http"]
+    assert env["STREAMWARDEN_UPSTREAM"] == f"http://127.0.0.1:{backend_port}"
+    ports = pod_ports(pod, SIDECAR)
+    assert ports == {"sw-http": DEFAULTS["port"], "sw-metrics": DEFAULTS["admin_port"]}
+    assert not set(ports) & set(pod_ports(pod, "vllm")), "port names are unique in a pod"
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "sw-metrics"}
+    assert proxy["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "sw-metrics"}
+    drain = float(env["STREAMWARDEN_DRAIN_TIMEOUT"])
+    assert pod["spec"]["terminationGracePeriodSeconds"] > 5 + drain
+    assert pod["spec"]["enableServiceLinks"] is False
+    # The Service now reaches the proxy, not the backend.
+    (service,) = of_kind(rendered, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "sw-http"
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    # The PodMonitor selects the patched pod and scrapes the proxy and, through it, the backend.
+    (monitor,) = of_kind(rendered, "PodMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    endpoints = {e["relabelings"][0]["replacement"]: e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert endpoints == {"streamwarden": "sw-metrics", "llm-backend": "sw-http"}
+    assert of_kind(rendered, "PrometheusRule")
