@@ -18,10 +18,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"streamwarden {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_serve_parser(sub)
-    fake = sub.add_parser("fake-upstream", help="the fault-injecting OpenAI-compatible fake backend")
-    fake.add_argument("--host", default="127.0.0.1")
-    fake.add_argument("--port", type=int, default=8000)
-    fake.add_argument("--token-rate", type=float, default=20.0, help="content events per second (0: no delay)")
+    fake = sub.add_parser(
+        "fake-upstream", help="the fault-injecting OpenAI-compatible fake backend",
+        description="The fault-injecting OpenAI-compatible fake backend. Pick a fault per request with the header "
+        "`x-fault: NAME` (parameters: `x-fault: cut;after=5`) or the model name `fault/NAME`.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the scenario list keeps its lines
+    )
+    fake.add_argument("--host", metavar="HOST", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    fake.add_argument("--port", metavar="PORT", type=int, default=8000, help="port to listen on (default 8000)")
+    fake.add_argument("--token-rate", metavar="N", type=float, default=20.0,
+                      help="content events per second (default 20; 0: no delay)")
     fake.add_argument("--quirk", metavar="NAME", help="a backend quirk shown on every request (docs/fake-upstream.md)")
     fake.add_argument("--fast", action="store_true",
                       help="the raw-asyncio chat backend of `bench` (pace from the model name: fast-20ms)")
@@ -53,40 +59,60 @@ def _needs_extra(exc: ModuleNotFoundError, extra: str, modules: set[str]) -> int
     return 2
 
 
+def _list_scenarios(fake: argparse.ArgumentParser) -> None:
+    """`fake-upstream --help` lists every scenario, from the registry the fake answers with."""
+    from proxy.tools.fake import describe
+
+    rows = describe()
+    width = max(len(row.name) for row in rows)
+    lines = [f"  {row.name:<{width}}  {row.summary}" for row in rows]
+    fake.epilog = "scenarios (details: docs/fake-upstream.md):\n" + "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if "fake-upstream" in (sys.argv[1:] if argv is None else argv):
+        _list_scenarios(_subparser(parser, "fake-upstream"))
     args = parser.parse_args(argv)
     if args.command == "serve":
         try:
             config = config_from_args(args)
         except ConfigError as exc:
             _subparser(parser, "serve").error(str(exc))  # usage line + one line, exit 2
+        from proxy.server.serve import StartupError, serve
         from proxy.workers.cpus import resolve_workers
 
         config = resolve_workers(config)
-        if config.workers > 1:
-            from proxy.workers.supervisor import supervise
+        try:
+            if config.workers > 1:
+                from proxy.workers.supervisor import supervise
 
-            return supervise(config)
-        from proxy.server.serve import serve
-
-        serve(config)
+                return supervise(config)
+            serve(config)
+        except StartupError as exc:
+            print(f"streamwarden serve: {exc}", file=sys.stderr)  # one line, no traceback
+            return 2
         return 0
     if args.command == "fake-upstream":
         if args.fast and args.quirk:
             _subparser(parser, "fake-upstream").error("--quirk does not apply to --fast")
-        if args.fast:
-            from proxy.tools.fake.fast import main as run_fast
-
-            run_fast(args.host, args.port)
-            return 0
-        from proxy.tools.fake import FakeSettings, run
-
         try:
-            settings = FakeSettings(token_rate=args.token_rate, quirk=args.quirk)
-        except ValueError as exc:
-            _subparser(parser, "fake-upstream").error(str(exc))
-        run(args.host, args.port, settings)
+            if args.fast:
+                from proxy.tools.fake.fast import main as run_fast
+
+                run_fast(args.host, args.port)
+                return 0
+            from proxy.tools.fake import FakeSettings, run
+
+            try:
+                settings = FakeSettings(token_rate=args.token_rate, quirk=args.quirk)
+            except ValueError as exc:
+                _subparser(parser, "fake-upstream").error(str(exc))
+            run(args.host, args.port, settings)
+        except OSError as exc:  # the port is in use (or the host is not this machine's)
+            print(f"streamwarden fake-upstream: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
         return 0
     if args.command == "demo":
         try:

@@ -32,6 +32,8 @@ __all__ = [
     "UnsendableId",
     "add_serve_parser",
     "config_from_args",
+    "env_name",
+    "metavar",
     "otel_installed",
     "parse_hook",
     "parse_hooks",
@@ -246,13 +248,20 @@ def _path(text: str) -> str:
     return text
 
 
-def _choice(*options: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in options:
-            raise ConfigError("one of " + ", ".join(options))
+class _Choice:
+    """A parser of one of fixed words; `--help` shows them as `{a,b}`, as argparse's own choices do."""
+
+    def __init__(self, *options: str) -> None:
+        self.options = options
+
+    def __call__(self, text: str) -> str:
+        if text not in self.options:
+            raise ConfigError("one of " + ", ".join(self.options))
         return text
 
-    return parse
+
+def _choice(*options: str) -> Callable[[str], str]:
+    return _Choice(*options)
 
 
 def _optional_url(text: str) -> str | None:
@@ -286,24 +295,38 @@ def _host(text: str) -> str:
 
 # flag -> (parser, default, help). The single source of truth for `serve`'s flags.
 SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
-    "upstream": (_upstream, None, "base URL of the OpenAI-compatible backend (may carry a path prefix)"),
-    "host": (_host, "0.0.0.0", "address to listen on"),
+    "upstream": (
+        _upstream, None, "base URL of the OpenAI-compatible backend, http:// or https://, may carry a path prefix "
+        "(http://h:8000/prefix); its host must resolve at start",
+    ),
+    "host": (_host, "0.0.0.0", "address to listen on (both ports)"),
     "port": (_port, "8080", "main port: every request on it is forwarded to the upstream"),
     "admin-port": (_port, "9464", "admin port: /metrics, /healthz, /readyz"),
     "connect-timeout": (_positive_seconds, "10", "seconds to open an upstream connection"),
-    "first-byte-timeout": (_positive_seconds, "600", "seconds to wait for the upstream's response headers"),
-    "idle-timeout": (_positive_seconds, "120", "seconds of upstream silence inside a stream before it is ended"),
+    "first-byte-timeout": (
+        _positive_seconds, "600", "seconds to wait for the upstream's response headers (covers prefill and queueing)",
+    ),
+    "idle-timeout": (
+        _positive_seconds, "120", "seconds of upstream silence inside a stream (or a body) before it is ended",
+    ),
     "hold-headers": (_seconds, "10", "seconds to hold a stream's 200 until the first content (0: commit at once)"),
     "keepalive-interval": (_seconds, "15", "seconds of upstream silence between ': keep-alive' comments (0: off)"),
     "drain-timeout": (_seconds, "30", "seconds streams may run on after SIGTERM"),
-    "max-body-size": (parse_size, "64MiB", "largest request body accepted (bigger: 413)"),
-    "upstream-max-connections": (_count, "0", "upstream connection pool size (0: unlimited)"),
+    "max-body-size": (parse_size, "64MiB", "largest request body; bigger gets 413 and nothing is sent upstream"),
+    "upstream-max-connections": (
+        _count, "0", "upstream connection pool size; 0 is unlimited (a proxy must not add a queue the backend has not)",
+    ),
     "client-stall-timeout": (_positive_seconds, "60", "seconds a client may stop reading before it counts as gone"),
     "health-path": (_path, "/v1/models", "upstream path that /readyz probes"),
-    "on-abandon": (_choice("cancel", "drain"), "cancel", "client gone: cancel the upstream, or drain it for usage"),
+    "on-abandon": (
+        _choice("cancel", "drain"), "cancel", "when the client leaves: cancel the upstream, or drain it for exact usage",
+    ),
     "model-label-limit": (_positive_count, "50", "distinct model label values before the rest become 'other'"),
-    "log-format": (_choice("json", "console"), "json", "one JSON line per request, or human-readable"),
-    "log-level": (_choice("debug", "info", "warning", "error"), "info", "lowest level that is logged"),
+    "log-format": (_choice("json", "console"), "json", "json (one line per request) or console (for humans)"),
+    "log-level": (
+        _choice("debug", "info", "warning", "error"), "info",
+        "lowest level logged; request lines are info when ok or aborted, warning on error, error on a proxy bug",
+    ),
     "admin-host": (_host, None, "address the admin port listens on (default: --host's)"),
     "client-header-timeout": (
         _positive_seconds, "60", "seconds a client may take to send a request's line and headers (then 408)",
@@ -401,6 +424,20 @@ def env_name(flag: str) -> str:
     return "STREAMWARDEN_" + flag.upper().replace("-", "_")
 
 
+_METAVARS: dict[Callable[[str], Any], str] = {
+    _upstream: "URL", _optional_url: "URL", _host: "HOST", _port: "PORT", _path: "PATH", parse_size: "SIZE",
+    _seconds: "SECONDS", _positive_seconds: "SECONDS", _count: "N", _positive_count: "N", _workers: "N|auto",
+    parse_hook: "HOOK",
+}
+
+
+def metavar(parse: Callable[[str], Any]) -> str:
+    """What `--help` (and the README's flag table) shows after a flag: its kind of value, or its choices."""
+    if isinstance(parse, _Choice):
+        return "{" + ",".join(parse.options) + "}"
+    return _METAVARS.get(parse, "VALUE")
+
+
 def add_serve_parser(subparsers: Any) -> None:
     """The `serve` sub-command with every flag of SERVE_FLAGS and REPEATED_FLAGS (called by `proxy.cli`)."""
     serve = subparsers.add_parser(
@@ -408,12 +445,14 @@ def add_serve_parser(subparsers: Any) -> None:
         help="run the proxy",
         description="Run the proxy. Every flag also reads STREAMWARDEN_<FLAG>; a flag beats the variable.",
     )
-    for flag, (_, default, text) in SERVE_FLAGS.items():
+    for flag, (parse, default, text) in SERVE_FLAGS.items():
         shown = f" (default {default})" if default else " (default: off)" if default == "" else ""
         shown = shown if default is not None or flag in _OPTIONAL else " (required)"
-        serve.add_argument(f"--{flag}", metavar="VALUE", default=None, help=f"{text}{shown}; env {env_name(flag)}")
-    for flag, (_, text) in REPEATED_FLAGS.items():
-        serve.add_argument(f"--{flag}", metavar="VALUE", action="append", default=None,
+        serve.add_argument(
+            f"--{flag}", metavar=metavar(parse), default=None, help=f"{text}{shown}; env {env_name(flag)}",
+        )
+    for flag, (parse, text) in REPEATED_FLAGS.items():
+        serve.add_argument(f"--{flag}", metavar=metavar(parse), action="append", default=None,
                            help=f"{text}; env {env_name(flag)}, one per line")
 
 

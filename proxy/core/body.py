@@ -39,6 +39,7 @@ class BodyVerdict:
     reason: str
     replacement: tuple[int, bytes] | None  # (status, dialect error JSON) instead of the upstream's body
     usage: Usage | None
+    upstream_message: str | None = None  # the upstream's own error message, for the log line
 
 
 def _parse(content_type: str | None, body: bytes) -> object:
@@ -61,7 +62,8 @@ def judge_body(
     reason = "upstream_5xx" if status >= 500 else "upstream_4xx"
     if not dialect.json_body:
         return BodyVerdict("error", reason, None, None)
-    return BodyVerdict("error", reason, _reshape_error(dialect, status, content_type, body, reason), None)
+    replacement, message = _reshape_error(dialect, status, content_type, body, reason)
+    return BodyVerdict("error", reason, replacement, None, message)
 
 
 def _judge_success(dialect: Dialect, request: RequestInfo, content_type: str | None, body: bytes) -> BodyVerdict:
@@ -77,7 +79,8 @@ def _judge_success(dialect: Dialect, request: RequestInfo, content_type: str | N
         return _replace(dialect, status_for(reason), f"the upstream answered with {problem}", reason)
     if is_error_object(obj):
         info = describe_error(obj)
-        return _replace(dialect, info.status, info.message, "upstream_error_frame", info.code)
+        verdict = _replace(dialect, info.status, info.message, "upstream_error_frame", info.code)
+        return BodyVerdict(verdict.outcome, verdict.reason, verdict.replacement, None, info.message)
     keys = _USAGE_KEYS.get(dialect.name)
     usage = usage_from(obj.get("usage"), *keys) if keys else None
     if dialect.name in _CHOICE_DIALECTS and _aborted(obj):
@@ -139,18 +142,19 @@ def _replace(dialect: Dialect, status: int, message: str, reason: str, code: Err
 
 def _reshape_error(
     dialect: Dialect, status: int, content_type: str | None, body: bytes, reason: str
-) -> tuple[int, bytes] | None:
-    """None when the error is already in the dialect's shape; else the same status, reshaped."""
+) -> tuple[tuple[int, bytes] | None, str | None]:
+    """(None when the error is already in the dialect's shape, else the same status reshaped; the
+    upstream's own message, when it gave one)."""
     obj = _parse(content_type, body)
     code: ErrorCode | None = None
     if isinstance(obj, dict):
-        if dialect.own_error_shape(obj):
-            return None
         message = error_message(obj)
+        if dialect.own_error_shape(obj):
+            return None, message
         code = describe_error(obj).code
     elif isinstance(obj, str):
         message = cut(obj.strip()) or None
     else:
         message = text_message(body)
-    message = message or f"the upstream answered with HTTP {status}"
-    return status, dialect.error_body(status, message, code or reason)
+    reshaped = message or f"the upstream answered with HTTP {status}"
+    return (status, dialect.error_body(status, reshaped, code or reason)), message

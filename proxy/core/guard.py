@@ -92,6 +92,7 @@ class StreamGuard:
         "events",
         "rewrites",
         "saw_id",
+        "upstream_message",
     )
 
     def __init__(
@@ -112,6 +113,7 @@ class StreamGuard:
         self.content_events = 0
         self.rewrites: list[str] = []
         self.saw_id = False  # an upstream `id:` line was forwarded (see `keepalive_safe`)
+        self.upstream_message: str | None = None  # the upstream's own error message, for the log line
 
     @property
     def usage(self) -> Usage | None:
@@ -241,6 +243,7 @@ class StreamGuard:
                 info = stream.error
                 assert info is not None
                 reason = "upstream_error_frame"
+                self.upstream_message = info.message
                 return self._error(step, out, info.status, info.message, reason, "foreign_error_frame", info.code)
             elif kind is Kind.ABORTED:
                 # The abort chunk itself is dropped (its finish_reason is not one the SDKs know).
@@ -320,6 +323,7 @@ class StreamGuard:
         """An error in the dialect's own shape: forward it and the rest of its ending, stop at once."""
         info = self._stream.error
         assert info is not None
+        self.upstream_message = info.message
         if not self.committed:
             return self._error(step, out, info.status, info.message, "upstream_error_frame", None, info.code)
         out.append(raw)
@@ -345,4 +349,5 @@ class StreamGuard:
         if not message:
             message = block.reason or f"the upstream wrote an HTTP {block.status} response into the stream"
         headers = _retry_headers(block.headers)
+        self.upstream_message = message
         return self._error(step, out, status, message, "stray_http_block", "stray_http_block", code, headers)

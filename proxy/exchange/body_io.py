@@ -87,6 +87,7 @@ async def respond_whole(
             judged = judge_body(dialect, info, upstream.status, upstream.headers.get("Content-Type"), head)
             verdict = Reason(judged.reason)
             ex.record_usage(judged.usage)
+            ex.upstream_message = judged.upstream_message
             life.body_ended(verdict)
             if judged.replacement is not None:
                 status, body = judged.replacement

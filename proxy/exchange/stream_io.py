@@ -125,6 +125,7 @@ def count_stream(guard: StreamGuard, ex: ExchangeRecord) -> None:
     ex.content_events = guard.content_events
     ex.rewrites = list(guard.rewrites)
     ex.record_usage(guard.usage)
+    ex.upstream_message = guard.upstream_message
 
 
 async def send_step(

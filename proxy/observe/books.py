@@ -3,7 +3,12 @@
 The handler moves an `ExchangeRecord` through its phases and fills in what it learns; `Books.finish`
 turns the final record into metrics, one log line and (with tracing on) one span. Nothing else writes
 the request metrics. What the books derive from the record (where an abort happened, the token
-latency of an ok stream) is decided here, from the record alone.
+latency of an ok stream, the level of its log line) is decided here, from the record alone.
+
+The line's level follows the outcome, so that `--log-level warning`, what production runs, keeps every
+failure and drops only the successes: `ok` and `aborted` (the client's choice) at info, `error` at
+warning, `proxy_error` (a bug of ours) at error. A scrape of the backend's own `/metrics` through the
+main port is forwarded like any path but is not model traffic: no metrics, its line at debug.
 """
 
 from __future__ import annotations
@@ -21,7 +26,21 @@ if TYPE_CHECKING:
 
     from proxy.observe.tracing import Tracing
 
-__all__ = ["Books", "ExchangeRecord", "abort_phase"]
+__all__ = ["Books", "ExchangeRecord", "abort_phase", "is_scrape", "log_level"]
+
+_SCRAPE_PATHS = frozenset({"/metrics", "/metrics/"})
+
+
+def is_scrape(ex: ExchangeRecord) -> bool:
+    """A Prometheus scrape of the backend's own metrics through the main port (not model traffic)."""
+    return ex.api == "other" and ex.method in ("GET", "HEAD") and ex.path in _SCRAPE_PATHS
+
+
+def log_level(outcome: str, reason: str) -> str:
+    """The level of a request line: what a `--log-level warning` deployment must still see is a failure."""
+    if outcome != "error":
+        return "info"
+    return "error" if reason == "proxy_error" else "warning"
 
 
 def abort_phase(ex: ExchangeRecord) -> str:
@@ -44,6 +63,8 @@ class Books:
 
     def start(self, ex: ExchangeRecord, headers: Mapping[str, str] | None = None) -> None:
         """The exchange arrived; `headers` (the client's) may carry a trace context to continue."""
+        if is_scrape(ex):
+            return
         self.metrics.inflight.labels(api=ex.api).inc()
         if self.tracing is not None:
             self.tracing.begin(ex, headers)
@@ -65,6 +86,9 @@ class Books:
         if ex.booked:
             return
         ex.booked = True
+        if is_scrape(ex):
+            self._log_scrape(ex)
+            return
         m = self.metrics
         now = time.monotonic()
         model = m.models.label(ex.model)
@@ -98,6 +122,13 @@ class Books:
             except Exception:  # a tracing failure must never reach the client's response
                 self.logger.exception("tracing_error", request_id=ex.request_id)
 
+    def _log_scrape(self, ex: ExchangeRecord) -> None:
+        self.logger.debug(
+            "scrape", request_id=ex.request_id, path=ex.path, status=ex.status, upstream_status=ex.upstream_status,
+            outcome=ex.outcome, reason=ex.reason, duration_ms=round((time.monotonic() - ex.started) * 1000, 1),
+            client=ex.client,
+        )
+
     def _log(
         self,
         ex: ExchangeRecord,
@@ -109,7 +140,9 @@ class Books:
         phase: str | None,
         extra: dict[str, str],
     ) -> None:
-        self.logger.info(
+        if ex.upstream_message is not None:
+            extra["upstream_message"] = ex.upstream_message
+        getattr(self.logger, log_level(outcome, reason))(
             "request",
             request_id=ex.request_id,
             method=ex.method,

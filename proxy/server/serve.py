@@ -4,16 +4,23 @@ SIGTERM/SIGINT: /readyz turns 503 at once and the listener stops accepting; exch
 on for up to --drain-timeout, then each is interrupted (streams end with their dialect's error
 frame, reason `shutdown`, and their upstream is cancelled); then the process exits, within
 --drain-timeout + 1 s. A second signal skips the wait.
+
+A start that cannot happen (a port in use, an upstream host that does not resolve) raises
+`StartupError` with one line for the operator; the command line prints it and exits 2.
+The lines an operator needs at any `--log-level` (started, draining, stopped) are warnings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
+import socket
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
+from yarl import URL
 
 from proxy import __version__
 from proxy.config import Config
@@ -23,7 +30,9 @@ from proxy.server.app import build_admin_app, build_main_server, build_state, op
 from proxy.server.connections import ProxyServer
 from proxy.server.fdlimit import connection_limit, raise_fd_limit
 
-__all__ = ["Server", "run_loop", "serve"]
+__all__ = ["DRAINING_HINT", "Server", "StartupError", "check_upstream", "run_loop", "serve"]
+
+DRAINING_HINT = "Ctrl-C again to stop now"  # (or a second SIGTERM): the draining line says so
 
 _FINAL_GRACE_SECONDS = 0.5  # after the drain deadline: time for interrupted streams to write their frame
 _CLOSE_SECONDS = 0.25  # then what is left of each connection (a lingering body read) is cut
@@ -32,6 +41,31 @@ _TRACING_SHARE_SECONDS = 0.3  # of that bound, kept for the tracer's last flush
 _EXIT_SECONDS = 0.4  # and for the process to exit after `stopped` (the loop's and the interpreter's teardown)
 _MIN_TRACING_SECONDS = 0.1  # the tracer's flush gets at least this, even when the drain used the margin
 _BACKLOG = 1024  # nginx uses 511; a burst of connects must not be refused by the kernel before the limit
+
+
+class StartupError(Exception):
+    """Serving cannot start; the message is the one line the operator sees (exit 2)."""
+
+
+def listen_error(exc: OSError, host: str, port: int, flag: str) -> StartupError:
+    """`OSError` of a bind, as one line naming the address and the flag that chose it."""
+    what = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return StartupError(f"cannot listen on {address} ({flag}): {what}")
+
+
+def check_upstream(config: Config) -> None:
+    """The upstream's host must resolve (an IP address always does): a typo stops the start, as in nginx.
+
+    A host that resolves but does not answer yet is normal (a backend loading its model): /readyz
+    says 503 until it answers.
+    """
+    url = URL(config.upstream)
+    try:
+        socket.getaddrinfo(url.host, url.port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise StartupError(f"cannot resolve the --upstream host {url.host!r}: {why}") from None
 
 
 class Server:
@@ -74,13 +108,31 @@ class Server:
             self._main, cfg.host, cfg.port, reuse_address=True, reuse_port=self._reuse_port or None,
             backlog=_BACKLOG,
         )
-        await main.start()
-        self._sites = [main]
-        if self._admin is not None:
-            await self._admin.setup()
-            admin = web.TCPSite(self._admin, cfg.admin_listen_host, cfg.admin_port, reuse_address=True)
-            await admin.start()
-            self._sites.append(admin)
+        try:
+            await main.start()
+            self._sites = [main]
+            if self._admin is not None:
+                await self._admin.setup()
+                admin = web.TCPSite(self._admin, cfg.admin_listen_host, cfg.admin_port, reuse_address=True)
+                try:
+                    await admin.start()
+                except OSError as exc:
+                    raise listen_error(exc, cfg.admin_listen_host, cfg.admin_port, "--admin-port") from None
+                self._sites.append(admin)
+        except OSError as exc:
+            await self._close_after_failed_start()
+            raise listen_error(exc, cfg.host, cfg.port, "--port") from None
+        except StartupError:
+            await self._close_after_failed_start()
+            raise
+
+    async def _close_after_failed_start(self) -> None:
+        """What `start` opened before it failed, closed, so nothing warns about it at exit."""
+        for runner in (self._main, self._admin):
+            if runner is not None:
+                await runner.cleanup()
+        if self.state.session is not None:
+            await self.state.session.close()
 
     def ports(self) -> tuple[int, int]:
         """The bound (main, admin) ports, useful when configured as 0."""
@@ -106,7 +158,7 @@ class Server:
         await self._until_idle_or_hurried(self.config.drain_timeout)
         interrupted = state.interrupt_all()
         if interrupted:
-            self.logger.info("shutdown", interrupted=interrupted)
+            self.logger.warning("shutdown", interrupted=interrupted)
             await self._until_idle_or_hurried(_FINAL_GRACE_SECONDS)
         if self._main is not None:
             await self._main.cleanup()
@@ -139,7 +191,7 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         main_port, admin_port = _bound_port(self._main), _bound_port(self._admin)
-        self.logger.info(
+        self.logger.warning(
             "started",
             version=__version__,
             upstream=self.config.redacted_upstream(),
@@ -160,9 +212,11 @@ class Server:
         if on_started is not None:
             on_started()
         await self._stop.wait()
-        self.logger.info("draining", in_flight=len(self.state.live), drain_timeout=self.config.drain_timeout)
+        self.logger.warning(
+            "draining", in_flight=len(self.state.live), drain_timeout=self.config.drain_timeout, hint=DRAINING_HINT,
+        )
         await self.shutdown()
-        self.logger.info("stopped")
+        self.logger.warning("stopped")
 
 
 def _bound_port(runner: web.BaseRunner | None) -> int | None:
@@ -176,6 +230,7 @@ def _settings(config: Config) -> dict[str, object]:
 
 def serve(config: Config) -> None:
     """One process (no `--workers`): never reads or writes an inherited multiprocess metrics directory."""
+    check_upstream(config)
     ignored = keep_values_in_memory()
     limits = raise_fd_limit()
     max_connections = connection_limit(config.max_client_connections, limits[1])

@@ -43,6 +43,7 @@ from proxy.config import Config
 from proxy.observe.metrics import Metrics, ModelLabels
 from proxy.server.admin import build_admin_app
 from proxy.server.app import build_state, open_upstream_session
+from proxy.server.serve import DRAINING_HINT, StartupError, listen_error
 from proxy.workers.metrics_dir import MetricsDir, sweep_stale
 from proxy.workers.worker import READY_LINE, WorkerBoot, encode_boot, encode_models
 
@@ -147,8 +148,8 @@ class Supervisor:
         try:
             self._reserved = reserve_port(cfg.host, cfg.port)
         except OSError as exc:
-            self.logger.error("bind_failed", listen=f"{cfg.host}:{cfg.port}", error=str(exc))
-            return 1
+            await self._close()
+            raise listen_error(exc, cfg.host, cfg.port, "--port") from None
         port = int(self._reserved.getsockname()[1])
         self._worker_config = replace(cfg, port=port)
         self._admin = web.AppRunner(
@@ -159,14 +160,13 @@ class Supervisor:
         try:
             await admin.start()
         except OSError as exc:
-            self.logger.error("bind_failed", listen=f"{cfg.admin_listen_host}:{cfg.admin_port}", error=str(exc))
             await self._close()
-            return 1
+            raise listen_error(exc, cfg.admin_listen_host, cfg.admin_port, "--admin-port") from None
         admin_port = self._admin.addresses[0][1]
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
-        self.logger.info(
+        self.logger.warning(
             "started", version=__version__, upstream=cfg.redacted_upstream(), listen=f"{cfg.host}:{port}",
             admin=f"{cfg.admin_listen_host}:{admin_port}", workers=len(self.slots), pid=os.getpid(),
             metrics_dir=self.multiprocess_dir,
@@ -176,7 +176,9 @@ class Supervisor:
                 slot.task = asyncio.ensure_future(self._keep(slot))
             await self._stop.wait()
             if self._failed is None:
-                self.logger.info("draining", workers=len(self.slots), drain_timeout=cfg.drain_timeout)
+                self.logger.warning(
+                    "draining", workers=len(self.slots), drain_timeout=cfg.drain_timeout, hint=DRAINING_HINT,
+                )
             await self._drain()  # a second signal, meanwhile, is passed on to the workers
             await self._close()
         finally:
@@ -184,7 +186,7 @@ class Supervisor:
                 loop.remove_signal_handler(sig)
         if self._failed is not None:
             return 1
-        self.logger.info("stopped")
+        self.logger.warning("stopped")
         return 0
 
     def request_stop(self) -> None:
@@ -341,10 +343,18 @@ def supervise(config: Config) -> int:
     """Make the metrics directory, switch this process's prometheus_client to multiprocess mode, run."""
     from prometheus_client import values
 
-    from proxy.server.serve import run_loop
+    from proxy.server.serve import check_upstream, run_loop
 
+    check_upstream(config)
     stale = sweep_stale()  # left by supervisors that were killed (a /tmp emptyDir outlives restarts)
-    owned = MetricsDir()
+    try:
+        owned = MetricsDir()
+    except OSError as exc:  # FileNotFoundError when no candidate directory is writable
+        why = exc.strerror or str(exc)
+        raise StartupError(
+            f"--workers needs a writable directory for its metrics files: {why}; "
+            "set TMPDIR to one (in a read-only container: mount an emptyDir at /tmp)"
+        ) from None
     directory = owned.path
     # The workers get PROMETHEUS_MULTIPROC_DIR in their environment before their first import of
     # prometheus_client. This process imported it already (the flags' module needs it), so it switches

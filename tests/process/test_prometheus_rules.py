@@ -390,7 +390,7 @@ def test_prometheusrule_manifest_carries_the_same_rules() -> None:
     assert manifest["metadata"]["name"] == "streamwarden"
     assert set(manifest["spec"]) == {"groups"}
     assert manifest["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"], (
-        "deploy/kubernetes/components/alerts/prometheusrule.yaml differs from rules.yml: copy rules.yml's groups under spec"
+        "deploy/kubernetes/components/alerts/prometheusrule.yaml differs from rules.yml: copy its groups under spec"
     )
 
 

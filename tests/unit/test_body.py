@@ -223,7 +223,7 @@ def test_abort_rule_is_only_for_choice_dialects(name: str) -> None:
 def test_error_in_own_openai_shape_passes(name: str, status: int) -> None:
     body = {"error": {"message": "nope", "type": "invalid_request_error", "param": None, "code": None}}
     reason = "upstream_5xx" if status >= 500 else "upstream_4xx"
-    assert judge(name, status, body) == BodyVerdict("error", reason, None, None)
+    assert judge(name, status, body) == BodyVerdict("error", reason, None, None, "nope")
 
 
 def test_llama_cpp_error_is_openai_shaped() -> None:
@@ -233,7 +233,33 @@ def test_llama_cpp_error_is_openai_shaped() -> None:
 
 def test_error_in_own_anthropic_shape_passes() -> None:
     body = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}, "request_id": "r"}
-    assert judge("messages", 529, body) == BodyVerdict("error", "upstream_5xx", None, None)
+    assert judge("messages", 529, body) == BodyVerdict("error", "upstream_5xx", None, None, "Overloaded")
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "message"),
+    [
+        ("application/json", {"object": "error", "message": "The model `x` does not exist.", "code": 404},
+         "The model `x` does not exist."),
+        ("application/json", {"detail": "Not Found"}, "Not Found"),
+        ("application/json", {"error": "model not loaded"}, "model not loaded"),
+        ("text/html", b"<html><head><title>502 Bad Gateway</title></head></html>", "502 Bad Gateway"),
+        ("application/json", b"", None),
+    ],
+)
+def test_an_error_carries_the_upstreams_own_message_for_the_log(
+    content_type: str, body: bytes | dict[str, Any], message: str | None
+) -> None:
+    """Issue 21: the log line of an upstream_4xx/5xx says what the backend said, in whatever shape."""
+    verdict = judge("chat_completions", 404, body, content_type)
+    assert verdict.reason == "upstream_4xx"
+    assert verdict.upstream_message == message
+
+
+def test_an_error_object_in_a_200_carries_its_message() -> None:
+    verdict = judge("chat_completions", 200, {"object": "error", "message": "CUDA out of memory", "code": 500})
+    assert verdict.reason == "upstream_error_frame"
+    assert verdict.upstream_message == "CUDA out of memory"
 
 
 @pytest.mark.parametrize("name", JSON_DIALECTS)

@@ -111,6 +111,7 @@ class Result:
     events: int
     content_events: int
     usage: Usage | None
+    upstream_message: str | None = None  # what the upstream said, for the log line (issue 21)
 
 
 def drive(name: str, chunks: list[bytes], *, hold: bool, end: str | None = "eof") -> Result:
@@ -162,6 +163,7 @@ def drive(name: str, chunks: list[bytes], *, hold: bool, end: str | None = "eof"
         guard.events,
         guard.content_events,
         guard.usage,
+        guard.upstream_message,
     )
 
 
@@ -406,6 +408,7 @@ def test_stray_http_block_after_commit_becomes_an_error_frame(name: str) -> None
         return
     error = sdk_error(name, result.output[len(body) :])
     assert error["message"] == "engine busy"
+    assert result.upstream_message == "engine busy"
 
 
 @pytest.mark.parametrize("name", ALL_STREAMING)
@@ -577,6 +580,7 @@ def test_foreign_error_is_rewritten(name: str, shape: str) -> None:
     assert result.output.startswith(body)
     error = sdk_error(name, result.output[len(body) :])
     assert error["message"] == "bad things"
+    assert result.upstream_message == "bad things"
 
 
 @pytest.mark.parametrize("name", JSON_DIALECTS)
@@ -598,6 +602,15 @@ def test_native_error_before_content_is_a_real_status(name: str) -> None:
     result = run(name, prelude + native)
     assert result.failure == Failure(429, DIALECTS[name].error_body(429, "slow down", "rate_limited"), {})
     assert (result.outcome, result.reason) == ("error", "upstream_error_frame")
+    assert result.upstream_message == "slow down"
+
+
+@pytest.mark.parametrize("name", ["chat_completions", "messages"])
+def test_a_cut_stream_has_no_upstream_message(name: str) -> None:
+    """Only what the upstream said is logged as its message; a cut is the proxy's own finding."""
+    result = run(name, UNFINISHED[name])
+    assert (result.outcome, result.reason) == ("error", "stream_cut")
+    assert result.upstream_message is None
 
 
 # ---- malformed events ----------------------------------------------------------------------------
