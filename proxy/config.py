@@ -319,7 +319,7 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "client-stall-timeout": (_positive_seconds, "60", "seconds a client may stop reading before it counts as gone"),
     "health-path": (_path, "/v1/models", "upstream path that /readyz probes"),
     "on-abandon": (
-        _choice("cancel", "drain"), "cancel", "when the client leaves: cancel the upstream, or drain it for exact usage",
+        _choice("cancel", "drain"), "cancel", "when the client leaves: cancel the upstream, or drain it for usage",
     ),
     "model-label-limit": (_positive_count, "50", "distinct model label values before the rest become 'other'"),
     "log-format": (_choice("json", "console"), "json", "json (one line per request) or console (for humans)"),

@@ -327,10 +327,11 @@ def test_a_taken_port_stops_the_supervisor_with_one_line(reuse_port: bool, which
              *(str(part) for item in ports.items() for part in item), "--workers", "2"],
             capture_output=True, text=True, timeout=WAIT, env=env,
         )
-    assert done.returncode == 1
-    assert "Traceback" not in done.stderr
-    [line] = [orjson.loads(row) for row in done.stderr.splitlines() if "bind_failed" in row]
-    assert line["listen"] == f"127.0.0.1:{port}"
+    assert done.returncode == 2  # issue 21: a start-up failure, like a bad flag
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"streamwarden serve: cannot listen on 127.0.0.1:{port} ({which}): address already in use"
+    ]
 
 
 @pytest.mark.parametrize(("ready", "status"), [((1, 2), 503), ((2, 2), 200)])
