@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+RUN_STAMP := $(VENV)/.run-stamp
 UPSTREAM ?=
 PORT ?= 8080
 ADMIN_PORT ?= 9464
@@ -16,12 +17,19 @@ VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' proxy/__init__.py)
 .PHONY: install test test-real llama-server tested-against lint run demo bench lock image docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@sh scripts/ensure-venv.sh $(PYTHON) $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade -c $(CONSTRAINTS) pip
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,speed,otel,demo]'
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# What `make run` runs, and no more: the package and uvloop (a full `make install` covers it).
+$(RUN_STAMP): pyproject.toml $(CONSTRAINTS)
+	@sh scripts/ensure-venv.sh $(PYTHON) $(VENV)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt $(CONSTRAINTS) ]; then :; else \
+	  $(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[speed]'; fi
+	@touch $(RUN_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -41,9 +49,11 @@ test-real: $(STAMP) llama-server
 tested-against: $(STAMP) llama-server
 	$(BIN)/python scripts/tested_against.py --refresh
 
-# The proxy in front of the built-in fake upstream, or in front of UPSTREAM=URL.
-run: $(STAMP)
-	@PORT=$(PORT) ADMIN_PORT=$(ADMIN_PORT) FAKE_PORT=$(FAKE_PORT) UPSTREAM='$(UPSTREAM)' BIN=$(BIN) sh scripts/run.sh
+# The proxy in front of the built-in fake upstream, or in front of UPSTREAM=URL. `exec`: make is the
+# launcher's parent, so the launcher notices when make is killed and stops what it started.
+run: $(RUN_STAMP)
+	@exec env PORT=$(PORT) ADMIN_PORT=$(ADMIN_PORT) FAKE_PORT=$(FAKE_PORT) UPSTREAM='$(UPSTREAM)' BIN=$(BIN) \
+	  $(BIN)/python scripts/run.py
 
 demo: $(STAMP)
 	$(BIN)/streamwarden demo

@@ -1,0 +1,198 @@
+"""Issue 21: `make run` owns what it starts. Its fake must be its own, the banner comes only once the
+proxy answers, a failed start is one line and exit 2, and killing `make` frees every port.
+
+The kill test runs the real `make run`; the failure cases run its launcher (scripts/run.py) directly,
+because make adds its own `*** Error 2` line to any failed recipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+WAIT = 30.0
+MAKE = shutil.which("make")
+
+
+def free_ports(count: int) -> list[int]:
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+
+
+@contextlib.contextmanager
+def held(port: int) -> Iterator[None]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        yield
+
+
+def listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+def launcher_env(port: int, admin: int, fake: int, upstream: str = "") -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}
+    return {**clean, "PORT": str(port), "ADMIN_PORT": str(admin), "FAKE_PORT": str(fake), "UPSTREAM": upstream,
+            "BIN": str(BIN)}
+
+
+def launch(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run.py")], env=env, capture_output=True,
+                          text=True, timeout=WAIT * 2, check=False)
+
+
+def read_until(proc: subprocess.Popen[bytes], marker: str) -> str:
+    """stdout up to `marker` (bounded); fails if the process ends first. Raw reads: a buffered reader
+    would hold lines the selector no longer reports."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    seen = b""
+    deadline = time.monotonic() + WAIT
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while marker.encode() not in seen:
+            left = deadline - time.monotonic()
+            ready = left > 0 and selector.select(left)
+            assert ready, f"no {marker!r} within {WAIT} s: {seen.decode()}"
+            chunk = os.read(fd, 65536)
+            assert chunk, f"ended before {marker!r}: {seen.decode()}"
+            seen += chunk
+    return seen.decode()
+
+
+@pytest.mark.skipif(MAKE is None, reason="make is not installed")
+def test_killing_make_stops_the_proxy_and_the_fake() -> None:
+    port, admin, fake = free_ports(3)
+    assert MAKE is not None
+    make = subprocess.Popen(
+        [MAKE, "-s", "-C", str(ROOT), "run", f"PORT={port}", f"ADMIN_PORT={admin}", f"FAKE_PORT={fake}",
+         f"VENV={BIN.parent}"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=launcher_env(port, admin, fake),
+    )
+    try:
+        banner = read_until(make, "Stop with Ctrl-C")
+        assert f"http://127.0.0.1:{port}" in banner
+        assert all(listening(p) for p in (port, admin, fake)), "the banner comes once everything answers"
+        make.kill()  # SIGKILL: make can pass nothing on
+        make.wait(WAIT)
+        deadline = time.monotonic() + WAIT
+        while any(listening(p) for p in (port, admin, fake)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in (port, admin, fake) if listening(p)], "a child of make run outlived it"
+    finally:
+        if make.poll() is None:
+            make.kill()
+        make.wait()
+        if make.stdout is not None:
+            make.stdout.close()
+
+
+def test_a_busy_fake_port_is_one_line_before_anything_starts() -> None:
+    port, admin, fake = free_ports(3)
+    with held(fake):
+        done = launch(launcher_env(port, admin, fake))
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [f"make run: in use: FAKE_PORT={fake}; pick others, e.g. make run PORT=8081"]
+    assert not listening(port)
+
+
+def test_a_busy_proxy_port_is_one_line_and_no_banner() -> None:
+    port, admin, fake = free_ports(3)
+    with held(port):
+        done = launch(launcher_env(port, admin, fake))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"make run: in use: PORT={port}; pick others, e.g. make run PORT=8081"]
+    assert "Stop with Ctrl-C" not in done.stdout
+    assert not listening(fake), "the fake was not started, or was stopped"
+
+
+def test_a_proxy_that_cannot_start_is_its_one_line_and_no_banner() -> None:
+    port, admin, fake = free_ports(3)
+    done = launch(launcher_env(port, admin, fake, upstream="http://no-such-backend.invalid:8000"))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        line for line in done.stderr.splitlines() if line.startswith("streamwarden serve: cannot resolve")
+    ]
+    assert len(done.stderr.splitlines()) == 1
+    assert "Stop with Ctrl-C" not in done.stdout
+
+
+def test_sigterm_to_the_launcher_drains_and_stops_both() -> None:
+    port, admin, fake = free_ports(3)
+    launcher = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "run.py")], env=launcher_env(port, admin, fake),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        read_until(launcher, "Stop with Ctrl-C")
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(WAIT) == 128 + signal.SIGTERM
+        assert not [p for p in (port, admin, fake) if listening(p)]
+        assert launcher.stderr is not None
+        log = launcher.stderr.read().decode()
+        assert "stopped" in log
+        assert "Traceback" not in log
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()
+        for stream in (launcher.stdout, launcher.stderr):
+            if stream is not None:
+                stream.close()
+
+
+# --- the virtualenv's Python ------------------------------------------------------------------------------
+
+
+def stub_python(folder: Path, version: str) -> Path:
+    """An interpreter that says it is `version` and fails the 3.11 check, as a Python 3.10 would."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stub = folder / "python"
+    stub.write_text(f'#!/bin/sh\ncase "$*" in *version_info*) exit 1;; esac\necho "Python {version}"\n')
+    stub.chmod(0o755)
+    return stub
+
+
+def test_a_venv_older_than_3_11_is_made_again(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    stub_python(venv / "bin", "3.10.12")
+    (venv / "left-over").write_text("")
+    done = subprocess.run(["sh", str(ROOT / "scripts" / "ensure-venv.sh"), sys.executable, str(venv)],
+                          capture_output=True, text=True, timeout=WAIT * 4, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [f"{venv}: its Python is older than 3.11 or broken; making it again with "
+                                        f"{sys.executable}"]
+    assert not (venv / "left-over").exists()
+    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys; print(sys.version_info >= (3, 11))"],
+                           capture_output=True, text=True, timeout=WAIT, check=False)
+    assert check.stdout.strip() == "True"
+
+
+def test_an_old_python_gets_a_one_line_hint(tmp_path: Path) -> None:
+    old = stub_python(tmp_path / "old", "3.10.12")
+    done = subprocess.run(["sh", str(ROOT / "scripts" / "ensure-venv.sh"), str(old), str(tmp_path / "venv")],
+                          capture_output=True, text=True, timeout=WAIT, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"streamwarden needs Python 3.11 or newer; {old} is Python 3.10.12: "
+        "run make with PYTHON=python3.12 (or another)"
+    ]
+    assert not (tmp_path / "venv").exists()
