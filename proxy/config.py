@@ -22,6 +22,7 @@ from yarl import URL
 __all__ = [
     "CONVERSATION_HEADER",
     "HOOK_ID_MAX",
+    "OPTIONAL_DEFAULTS",
     "REPEATED_FLAGS",
     "SERVE_FLAGS",
     "CancelHook",
@@ -347,6 +348,7 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "otlp-endpoint": (_optional_url, "", "OTLP/HTTP collector base URL for traces; needs streamwarden[otel]"),
 }
 _OPTIONAL = frozenset({"admin-host"})  # flags whose default is derived from another flag
+OPTIONAL_DEFAULTS = {"admin-host": "`--host`'s"}  # what those defaults are, for the README's table
 
 
 # Repeatable flags: flag -> (parser of one value, help). The variable holds one value per line.

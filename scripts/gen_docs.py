@@ -1,9 +1,10 @@
 """Write the generated parts of docs/ from their one source; `--check` fails when a file is stale.
 
-Three parts: the fake upstream's scenario table in docs/fake-upstream.md, rendered from the scenario
+Four parts: the fake upstream's scenario table in docs/fake-upstream.md, rendered from the scenario
 registry (`proxy.tools.fake.describe()`) the fake itself answers from, its quirk table from
-`proxy.tools.fake.quirks.QUIRKS`, and the lifecycle's transition
-table in docs/architecture.md, from the table the code runs (`proxy.core.lifecycle.transition_rows()`). Run it as
+`proxy.tools.fake.quirks.QUIRKS`; the lifecycle's transition table in docs/architecture.md, from the
+table the code runs (`proxy.core.lifecycle.transition_rows()`); and the README's flag table, from the
+flag definitions `serve` parses with (`proxy.config`). Run it as
 `make docs`; the unit tests run `--check`.
 """
 
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from proxy.config import OPTIONAL_DEFAULTS, REPEATED_FLAGS, SERVE_FLAGS, metavar
 from proxy.core.lifecycle import transition_rows
 from proxy.tools.fake import describe
 from proxy.tools.fake.quirks import QUIRKS
@@ -40,11 +42,29 @@ def lifecycle_table() -> str:
     return "\n".join(rows)
 
 
+def flag_table() -> str:
+    """One row per `serve` flag: the flag and its kind of value, the default, what it does."""
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for flag, (parse, default, text) in SERVE_FLAGS.items():
+        shown = f"`{default}`" if default else "(off)"
+        if default is None:
+            shown = OPTIONAL_DEFAULTS.get(flag, "(required)")
+        rows.append(f"| {_cell(f'`--{flag} {metavar(parse)}`')} | {shown} | {_cell(text)} |")
+    for flag, (parse, text) in REPEATED_FLAGS.items():
+        rows.append(f"| {_cell(f'`--{flag} {metavar(parse)}`')} | (none) | {_cell(text)} |")
+    return "\n".join(rows)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
 # file -> (the marker's name, where the table comes from, its renderer)
 GENERATED: list[tuple[Path, str, str, Callable[[], str]]] = [
     (ROOT / "docs" / "fake-upstream.md", "scenarios", "proxy/tools/fake/scenarios.py", scenario_table),
     (ROOT / "docs" / "fake-upstream.md", "quirks", "proxy/tools/fake/quirks.py", quirk_table),
     (ROOT / "docs" / "architecture.md", "lifecycle", "proxy/core/lifecycle.py", lifecycle_table),
+    (ROOT / "README.md", "flags", "proxy/config.py", flag_table),
 ]
 
 
