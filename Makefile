@@ -45,7 +45,7 @@ llama-server:
 test-real: $(STAMP) llama-server
 	STREAMWARDEN_BUILD_LLAMA=1 $(BIN)/pytest tests/real $(PYTEST_ARGS)
 
-# README's "Tested against" table: `streamwarden check` on the real tier's llama-server (built if missing).
+# docs/reference.md's "Tested against" table: `streamwarden check` on the real tier's llama-server (built if missing).
 tested-against: $(STAMP) llama-server
 	$(BIN)/python scripts/tested_against.py --refresh
 

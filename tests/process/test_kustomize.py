@@ -13,6 +13,7 @@ import dataclasses
 import re
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,8 @@ def test_the_release_label_patch_of_the_readme_labels_every_monitoring_object(tm
     commented = re.search(r"^# patches:\n(?:#.*\n)+", text, re.M)
     assert commented, "kustomization.yaml carries the release patch, commented"
     patch = "".join(line.removeprefix("# ") + "\n" for line in commented[0].splitlines())
-    assert patch.replace("kube-prometheus-stack", "<release>") in README.replace("kube-prometheus-stack", "<release>")
+    blocks = [textwrap.dedent(b) for b in re.findall(r"```yaml\n(.*?)^\s*```", README, re.M | re.S)]
+    assert patch in blocks, "the README's step shows this patch"
     copy = tmp_path / "kubernetes"
     shutil.copytree(KUBERNETES, copy)
     (copy / "kustomization.yaml").write_text(text.replace(commented[0], patch))

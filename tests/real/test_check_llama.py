@@ -1,7 +1,7 @@
 """`streamwarden check` against llama.cpp's own llama-server: what it reports is what the rest of this
 tier shows by hand (malformed JSON is a 500, an over-long prompt the dialect's 400, a close stops the
 generation, X-Conversation-Id keeps it running, a prefilled assistant message is echoed), and the
-report committed for the README still holds for this build."""
+report committed for docs/reference.md still holds for this build."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ async def test_check_reports_what_llama_server_really_does(llama_wide: LlamaServ
     assert "prefix llamacpp:" in details["metrics"]
     assert report.recommended_flags == ["--cancel-hook llama-conversation", "--health-path /health"]
 
-    committed = orjson.loads(COMMITTED.read_bytes())  # what README's Tested against table shows
+    committed = orjson.loads(COMMITTED.read_bytes())  # what docs/reference.md's Tested against table shows
     assert {p["id"]: (p["result"], p["flags"]) for p in committed["probes"]} == {
         f.id: (f.result, list(f.flags)) for f in report.probes
     }

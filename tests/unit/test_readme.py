@@ -6,8 +6,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from proxy.config import SERVE_FLAGS
 from proxy.observe.metrics import Metrics
@@ -107,3 +109,78 @@ def test_the_readme_names_the_models_the_manifests_serve() -> None:
         found = re.search(rf"{flag}=(\S+)", text)
         assert found, f"{manifest} sets no {flag}"
         assert f"`{found[1]}`" in README, f"the README does not name {found[1]} ({manifest})"
+
+
+# --- issue 21: the README in an operator's order, its links, the runbooks -------------------------------
+
+SECTIONS = [
+    "## Install", "## The sidecar", "## Run it and send a first request", "## Flags", "## Metrics and logs",
+    "## What the client sees when the backend fails", "## Performance and sizing", "## Development",
+]
+
+
+def test_the_readme_is_short_and_in_an_operators_order() -> None:
+    assert len(README.encode()) < 30_000
+    headings = [line for line in README.splitlines() if line.startswith("## ")]
+    assert headings == SECTIONS
+
+
+def _sidecar_snippet() -> list[dict[str, Any]]:
+    marker = README.index("<!-- sidecar:")
+    block = README[README.index("```yaml\n", marker) + len("```yaml\n") : README.index("```\n", marker + 20)]
+    assert len(block.splitlines()) <= 16, "the snippet stays short"
+    return list(yaml.safe_load(block)["containers"])
+
+
+def test_the_sidecar_snippet_is_the_manifests_pod() -> None:
+    """The README's 15 lines say what vllm-sidecar.yaml does: loopback backend, ports, probes, the flags."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "vllm-sidecar.yaml").read_text()) if d]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    manifest = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    snippet = {str(c["name"]): c for c in _sidecar_snippet()}
+    assert set(snippet) == set(manifest)
+    backend, proxy = snippet["vllm"], snippet["streamwarden"]
+    assert backend["image"] == manifest["vllm"]["image"]
+    for arg in ("--host=127.0.0.1", "--port=8000", "--enable-force-include-usage"):
+        assert arg in backend["args"], arg
+        assert arg in manifest["vllm"]["args"], arg
+    env = {e["name"]: e["value"] for e in manifest["streamwarden"]["env"]}
+    assert all(env[e["name"]] == e["value"] for e in proxy["env"])
+    ports = {(p["name"], p["containerPort"]) for p in manifest["streamwarden"]["ports"]}
+    assert {(p["name"], p["containerPort"]) for p in proxy["ports"]} == ports
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert proxy[probe]["httpGet"] == manifest["streamwarden"][probe]["httpGet"]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+LINKED = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", LINKED, ids=lambda p: p.name)
+def test_every_relative_link_reaches_a_file_and_a_heading(page: Path) -> None:
+    text = page.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.exists(), f"{page.name}: {target} does not exist"
+        if anchor and linked.suffix == ".md":
+            headings = {_slug(h) for h in re.findall(r"^#+ (.*)$", linked.read_text(), re.M)}
+            assert anchor in headings, f"{page.name}: #{anchor} is no heading of {linked.name}"
+
+
+def test_every_alert_has_a_runbook_and_points_at_it() -> None:
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "rules.yml").read_text())
+    runbooks = (DOCS / "runbooks.md").read_text()
+    headings = {_slug(h) for h in re.findall(r"^## (.*)$", runbooks, re.M)}
+    alerts = [rule for group in rules["groups"] for rule in group["rules"]]
+    assert len(alerts) == len(headings)
+    for rule in alerts:
+        anchor = rule["alert"].lower()
+        assert anchor in headings, f"docs/runbooks.md has no section {rule['alert']}"
+        assert rule["annotations"]["runbook_url"].endswith(f"/docs/runbooks.md#{anchor}")
