@@ -21,6 +21,7 @@ import pytest
 from support import FakeUpstream, Proxy, ProxyFactory
 
 from proxy.config import Config
+from proxy.observe.books import log_level
 from proxy.observe.logs import make_logger
 from proxy.server.app import build_state
 from proxy.server.serve import Server
@@ -55,10 +56,16 @@ async def post(
     return status, data, await proxy.line_for(rid)
 
 
+UPSTREAM_SAID = {"upstream_4xx", "upstream_5xx", "upstream_error_frame", "stray_http_block"}
+
+
 def check_shape(line: dict[str, Any]) -> None:
-    assert set(line) == FIELDS | STRUCTLOG, set(line) ^ (FIELDS | STRUCTLOG)
+    # issue 21: what the upstream said rides along on the failures it explains
+    said = {"upstream_message"} if "upstream_message" in line else set()
+    assert set(line) == FIELDS | STRUCTLOG | said, set(line) ^ (FIELDS | STRUCTLOG | said)
+    assert not said or line["reason"] in UPSTREAM_SAID, line["reason"]
     assert line["event"] == "request"
-    assert line["level"] == "info"
+    assert line["level"] == log_level(line["outcome"], line["reason"])  # issue 21: warning on error
     assert isinstance(line["duration_ms"], float)
     assert line["duration_ms"] >= 0
     if line["ttft_ms"] is not None:
@@ -347,12 +354,13 @@ async def test_console_format_is_one_readable_line_per_request(
         await asyncio.sleep(0.01)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2, lines
-    for line, rid, outcome, reason in zip(
-        lines, ("console-1", "console-2"), ("ok", "error"), ("complete", "upstream_4xx"), strict=True
+    for line, rid, outcome, reason, level in zip(
+        lines, ("console-1", "console-2"), ("ok", "error"), ("complete", "upstream_4xx"), ("info", "warning"),
+        strict=True,
     ):
         assert not line.startswith("{")
         assert "\x1b" not in line  # no colour codes in a log file
-        assert re.match(r"\d{4}-\d\d-\d\dT[\d:.]+Z \[info\s*\] request\s", line), line
+        assert re.match(rf"\d{{4}}-\d\d-\d\dT[\d:.]+Z \[{level}\s*\] request\s", line), line
         pairs = dict(word.split("=", 1) for word in line.split() if "=" in word)
         assert {k: pairs[k] for k in ("request_id", "outcome", "reason", "api", "model")} == {
             "request_id": rid, "outcome": outcome, "reason": reason, "api": "chat_completions", "model": "m",
