@@ -69,8 +69,9 @@ def main() -> int:
             return proxy.wait() or 2  # it said why in one line
         if stopping:
             return 128 + stopping[0]
+        # From here on a Ctrl-C is the proxy's (it drains); the loop leaves only on another signal. Nothing
+        # is cleared: a SIGTERM may come the moment the banner is read.
         print(_banner(port, admin_port, upstream), flush=True)
-        stopping.clear()  # from here on a Ctrl-C is the proxy's: wait for its drain
         while proxy.poll() is None and os.getppid() == parent:
             if any(signum != signal.SIGINT for signum in stopping):
                 break
