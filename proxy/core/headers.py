@@ -56,7 +56,7 @@ def request_headers(
     return out
 
 
-def response_headers(headers: CIMultiDictProxy[str], *, body_rewritten: bool) -> CIMultiDict[str]:
+def response_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str], *, body_rewritten: bool) -> CIMultiDict[str]:
     """What goes back to the client: the upstream's end-to-end headers.
 
     When the proxy sends a body other than the upstream's, the length and encoding headers that

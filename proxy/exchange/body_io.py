@@ -1,18 +1,18 @@
-"""Whole (non-SSE) responses: judge JSON bodies the dialect expects, stream everything else through.
+"""Whole (non-SSE) responses: judge JSON bodies the dialect expects, copy everything else through.
 
 A JSON body that the dialect expects is read (bounded) so that `judge_body` can catch a `null` 200,
 an error hidden in a 2xx, a batch with missing choices or an HTML error page, and answer in the
 dialect's shape. Anything else (downloads, the backend's own /metrics, compressed bodies, bodies
-larger than the bound) is copied through chunk by chunk, so memory stays flat. A read that breaks
-or stalls is raised as an `UpstreamFailure` (the handler's lifecycle decides what it means); a
-write that fails is raised as the client's.
+larger than the bound) is copied through piece by piece, so memory stays flat. Each read waits at
+most --idle-timeout for the next bytes (a body that trickles is not cut while it moves); a read
+that breaks or stalls raises an `UpstreamFailure` (the handler's lifecycle decides what it means).
+
+The exchange's verdict is taken once the response was handed to the client's socket to its last
+byte: a client that leaves during it is an abort (`whole_body`), and shutdown during it cuts it.
 """
 
 from __future__ import annotations
 
-import asyncio
-
-import aiohttp
 from aiohttp import web
 
 from proxy.core.body import judge_body
@@ -20,44 +20,33 @@ from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Lifecycle, Reason
 from proxy.core.record import ExchangeRecord
+from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client_io import ClientWriter
-from proxy.exchange.failures import READ_ERRORS, body_failure
+from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.upstream import UpstreamHead
 
-__all__ = ["respond_whole"]
-
-_CHUNK = 64 * 1024
+__all__ = ["plain_verdict", "read_bounded", "respond_whole"]
 
 
-def _judged(method: str, upstream: aiohttp.ClientResponse, dialect: Dialect) -> bool:
+def _judged(method: str, head: UpstreamHead, dialect: Dialect) -> bool:
     """Whether this body is one the proxy must read and check before passing it on."""
-    if not dialect.json_body or method == "HEAD" or upstream.status in (204, 304):
+    if not dialect.json_body or method == "HEAD" or head.status in (204, 304):
         return False
-    encoding = upstream.headers.get("Content-Encoding", "identity").lower()
+    encoding = head.headers.get("Content-Encoding", "identity").lower()
     return encoding == "identity"
 
 
-async def _read(reader: aiohttp.StreamReader, size: int, idle: float) -> bytes:
-    """One read, bounded by the idle timeout; a stall or a cut raises `UpstreamFailure`."""
-    try:
-        async with asyncio.timeout(idle):
-            return await reader.read(size)
-    except TimeoutError:
-        raise body_failure(None, idle) from None
-    except READ_ERRORS as exc:
-        raise body_failure(exc, idle) from exc
-
-
-async def read_bounded(upstream: aiohttp.ClientResponse, limit: int, idle: float) -> tuple[bytes, bool]:
-    """Up to `limit` bytes of the body; the flag tells whether the whole body fits."""
-    chunks: list[bytes] = []
+async def read_bounded(reader: BodyReader, limit: int, idle: float) -> tuple[bytes, bool]:
+    """Up to `limit` bytes of the body (a little more: whole reads); the flag tells whether it is all."""
+    pieces: list[bytes] = []
     size = 0
     while size <= limit:
-        chunk = await _read(upstream.content, -1, idle)
-        if not chunk:
-            return b"".join(chunks), True
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks), False
+        piece = await reader.read(idle)
+        if not piece:
+            return b"".join(pieces), True
+        pieces.append(piece)
+        size += len(piece)
+    return b"".join(pieces), False
 
 
 def plain_verdict(status: int) -> Reason:
@@ -69,62 +58,82 @@ def plain_verdict(status: int) -> Reason:
 
 
 async def respond_whole(
-    upstream: aiohttp.ClientResponse,
+    reader: BodyReader,
+    head: UpstreamHead,
     out: ClientWriter,
     life: Lifecycle,
     ex: ExchangeRecord,
     dialect: Dialect,
     info: RequestInfo,
+    interrupter: Interrupter,
     *,
     max_body_size: int,
     idle_timeout: float,
 ) -> web.StreamResponse:
-    head = b""
-    verdict = plain_verdict(upstream.status)
-    if _judged(ex.method, upstream, dialect):
-        head, whole = await read_bounded(upstream, max_body_size, idle_timeout)
+    interrupter.watch(lambda: reader.interrupt(Interrupted()))
+    prefix = b""
+    verdict = plain_verdict(head.status)
+    if _judged(ex.method, head, dialect):
+        prefix, whole = await read_bounded(reader, max_body_size, idle_timeout)
         if whole:  # a body beyond --max-body-size is passed on unjudged
-            judged = judge_body(dialect, info, upstream.status, upstream.headers.get("Content-Type"), head)
+            judged = judge_body(dialect, info, head.status, head.headers.get("Content-Type"), prefix)
             verdict = Reason(judged.reason)
             ex.record_usage(judged.usage)
             ex.upstream_message = judged.upstream_message
-            life.body_ended(verdict)
+            _cut_on_shutdown(interrupter, life, out)
             if judged.replacement is not None:
                 status, body = judged.replacement
-                headers = response_headers(upstream.headers, body_rewritten=True)
+                headers = response_headers(head.headers, body_rewritten=True)
                 headers["X-Request-Id"] = ex.request_id
-                return out.whole(status, body, headers)
-            # Read whole and judged good (or passed as the upstream's own error): one response that
-            # aiohttp writes in one go, headers and body together, rather than a copy in pieces.
-            headers = response_headers(upstream.headers, body_rewritten=False)
-            headers.popall("Content-Length", None)
-            headers["X-Request-Id"] = ex.request_id
-            return out.whole(upstream.status, head, headers, reason=upstream.reason, content_type=None)
-    return await _copy_through(upstream, out, life, ex, head, verdict, idle_timeout)
+                response = await out.whole(status, body, headers)
+            else:
+                # Read whole and judged good (or passed as the upstream's own error): headers and
+                # body in one go, rather than a copy in pieces.
+                headers = response_headers(head.headers, body_rewritten=False)
+                headers.popall("Content-Length", None)
+                headers["X-Request-Id"] = ex.request_id
+                response = await out.whole(head.status, prefix, headers, reason=head.reason or None, content_type=None)
+            life.body_ended(verdict)
+            return response
+    return await _copy_through(reader, head, out, life, ex, prefix, verdict, idle_timeout, interrupter)
 
 
 async def _copy_through(
-    upstream: aiohttp.ClientResponse,
+    reader: BodyReader,
+    head: UpstreamHead,
     out: ClientWriter,
     life: Lifecycle,
     ex: ExchangeRecord,
-    head: bytes,
+    prefix: bytes,
     verdict: Reason,
     idle: float,
+    interrupter: Interrupter,
 ) -> web.StreamResponse:
-    """Status, headers and body as the upstream sent them, `head` (already read) first.
+    """Status, headers and body as the upstream sent them, `prefix` (already read) first.
 
     `verdict` is the reason if the copy completes; a broken upstream or client raises instead.
     """
-    headers = response_headers(upstream.headers, body_rewritten=False)
+    headers = response_headers(head.headers, body_rewritten=False)
     headers["X-Request-Id"] = ex.request_id
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-    if upstream.content_length is not None:
-        response.content_length = upstream.content_length
+    response = web.StreamResponse(status=head.status, reason=head.reason or None, headers=headers)
+    if head.content_length is not None:
+        response.content_length = head.content_length
     await out.commit(response)
-    if head:
-        await out.write(head)
-    while chunk := await _read(upstream.content, _CHUNK, idle):
-        await out.write(chunk)
+    _cut_on_shutdown(interrupter, life, out)
+    if prefix:
+        await out.write(prefix)
+    while piece := await reader.read(idle):
+        await out.write(piece)
+    await out.finish()
     life.body_ended(verdict)
     return response
+
+
+def _cut_on_shutdown(interrupter: Interrupter, life: Lifecycle, out: ClientWriter) -> None:
+    """Once the client has the status line, shutdown's end of the drain time cuts the response."""
+
+    def cut() -> None:
+        life.interrupted()
+        out.cut()
+
+    interrupter.watch(cut)

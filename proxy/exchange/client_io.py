@@ -1,15 +1,20 @@
 """Writing to the client: commit the status line once, count bytes, and notice a client that stalls.
 
-aiohttp's `StreamResponse.write` waits on the transport's drain when the client's buffer is full,
-which gives backpressure for free: while it waits, the proxy stops reading the upstream. The wait is
-bounded by --client-stall-timeout, after which the client counts as gone (`ClientStalled`). A write
-that finds the socket closed raises `ConnectionError` (aiohttp's `ClientConnectionResetError`).
+Two ways to write. A stream's relay writes from the upstream's callbacks with `write_raw` (framed
+as the response needs, one `transport.write` each) and hears the transport's flow-control events
+through `on_flow`. Everything else goes through aiohttp's response writer, whose waits for the
+client to drain are bounded by --client-stall-timeout, after which the client counts as gone
+(`ClientStalled`). A write that finds the socket closed raises `ConnectionError`.
+
+A whole response (the proxy's own error JSON, or an upstream body read whole) is written here, to
+its last byte, before the exchange is booked: a client that leaves during it is an abort, not `ok`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from typing import Protocol, cast
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -17,15 +22,24 @@ from multidict import CIMultiDict
 from proxy.core.lifecycle import Lifecycle
 from proxy.core.record import ExchangeRecord
 
-__all__ = ["ClientStalled", "ClientWriter"]
+__all__ = ["ClientStalled", "ClientWriter", "FlowHooks"]
+
+_Hook = Callable[[], None]
 
 
 class ClientStalled(Exception):
     """The client stopped reading for longer than --client-stall-timeout."""
 
 
+class FlowHooks(Protocol):
+    """The main port's connection protocol calls these from its pause_writing/resume_writing."""
+
+    flow_hooks: tuple[_Hook, _Hook] | None
+    writing_paused: bool
+
+
 class ClientWriter:
-    __slots__ = ("ex", "life", "request", "response", "stall_timeout")
+    __slots__ = ("_chunked", "ex", "life", "request", "response", "stall_timeout")
 
     def __init__(self, request: web.BaseRequest, ex: ExchangeRecord, life: Lifecycle, stall_timeout: float) -> None:
         self.request = request
@@ -33,6 +47,7 @@ class ClientWriter:
         self.life = life
         self.stall_timeout = stall_timeout
         self.response: web.StreamResponse | None = None
+        self._chunked = False
 
     async def commit(self, response: web.StreamResponse) -> None:
         """Send the status line and headers (once)."""
@@ -41,17 +56,38 @@ class ClientWriter:
             self.ex.status = response.status
             self.life.committed_now()
             await self._guarded(response.prepare(self.request))
+            self._chunked = "chunked" in response.headers.get("Transfer-Encoding", "").lower()
 
     async def write(self, data: bytes) -> None:
         response = self.response
         assert response is not None, "commit first"
-        if self._has_room(len(data)):
-            await response.write(data)  # cannot block: no timer needed on the hot path
-        else:
-            await self._guarded(response.write(data))
+        await self._guarded(response.write(data))
         self.ex.bytes_out += len(data)
 
-    def whole(
+    def write_raw(self, data: bytes) -> bool:
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        return True
+
+    def on_flow(self, paused: object, drained: object) -> None:
+        protocol = cast(FlowHooks, self.request.protocol)
+        protocol.flow_hooks = (cast(_Hook, paused), cast(_Hook, drained))
+        if protocol.writing_paused:
+            cast(_Hook, paused)()
+
+    def release_flow(self) -> None:
+        protocol = cast(FlowHooks, self.request.protocol)
+        if getattr(protocol, "flow_hooks", None) is not None:
+            protocol.flow_hooks = None
+
+    async def finish(self) -> None:
+        """The body is complete: its end goes out (the last chunk), and the client takes it in."""
+        assert self.response is not None
+        await self._guarded(self.response.write_eof())
+
+    async def whole(
         self,
         status: int,
         body: bytes,
@@ -59,28 +95,23 @@ class ClientWriter:
         *,
         reason: str | None = None,
         content_type: str | None = "application/json",
+        close: bool = False,
     ) -> web.Response:
-        """A whole response, given to aiohttp to write at once (nothing was committed before it).
+        """A whole response (nothing was committed before it), written to its end.
 
         The proxy's own error JSON, or an upstream body read whole (`content_type=None`: its own
-        headers say what it is).
+        headers say what it is). `close`: the connection closes after it.
         """
-        self.ex.status, self.ex.bytes_out = status, len(body)
-        return web.Response(status=status, reason=reason, body=body, content_type=content_type, headers=headers)
-
-    def _has_room(self, size: int) -> bool:
-        """The write cannot wait: writing is not paused and this write will not pause it.
-
-        aiohttp only waits (drains) on a paused transport, and the transport pauses once its buffer
-        goes above the high-water mark; below it, a write returns at once and needs no timer.
-        (uvloop's low-water mark is 16 bytes, so the high mark is the one to compare with.)
-        """
-        transport = self.request.transport
-        if transport is None:
-            return True  # the write will raise on its own
-        if self.request.protocol.writing_paused:
-            return False
-        return transport.get_write_buffer_size() + size <= transport.get_write_buffer_limits()[1]
+        response = web.Response(status=status, reason=reason, body=body, content_type=content_type, headers=headers)
+        if close:
+            response.force_close()
+        self.response = response
+        self.ex.status = status
+        self.life.committed_now()
+        await self._guarded(response.prepare(self.request))
+        await self._guarded(response.write_eof())
+        self.ex.bytes_out = len(body)
+        return response
 
     async def _guarded(self, operation: Awaitable[object]) -> None:
         try:

@@ -2,7 +2,7 @@
 
 For operators who must bill every token. It runs as its own kept-referenced task, so that the
 handler (cancelled by aiohttp when its client leaves) simply unwinds; the drain owns the upstream
-response, is still bounded by --first-byte-timeout and --idle-timeout, writes nothing anywhere,
+connection, is still bounded by --first-byte-timeout and --idle-timeout, writes nothing anywhere,
 closes the upstream and then writes the exchange's books. The outcome stays `aborted`. Cancelling
 is the default and the cheaper choice.
 """
@@ -12,25 +12,27 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-import aiohttp
-
 from proxy.core.body import judge_body
 from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.guard import StreamGuard
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.failures import READ_ERRORS
+from proxy.exchange.body_reader import BodyReader
+from proxy.exchange.failures import UpstreamFailure
 from proxy.exchange.stream_io import count_stream, is_stream
+from proxy.exchange.upstream import UpstreamHead, UpstreamLink, UpstreamPool
 
 __all__ = ["drain"]
 
 
 async def drain(
-    answer: Awaitable[aiohttp.ClientResponse],
+    answer: Awaitable[tuple[UpstreamLink, UpstreamHead]],
+    pool: UpstreamPool,
     ex: ExchangeRecord,
     dialect: Dialect,
     info: RequestInfo,
     *,
     guard: StreamGuard | None,
+    reader: BodyReader | None,
     first_byte_timeout: float,
     idle_timeout: float,
     max_body_size: int,
@@ -38,50 +40,36 @@ async def drain(
     finish: Callable[[], None],
 ) -> None:
     """Wait for the upstream's answer (if it has not come yet), read it through, then `finish`."""
-    upstream: aiohttp.ClientResponse | None = None
+    link: UpstreamLink | None = None
     try:
         async with asyncio.timeout(first_byte_timeout):
-            upstream = await answer
-        ex.upstream_status = upstream.status
-        if is_stream(upstream):
+            link, head = await answer
+        ex.upstream_status = head.status
+        if reader is None:
+            reader = BodyReader(link)  # (a stream's relay is done with the connection: this takes over)
+        link.resume_reading()
+        if is_stream(head):
             if guard is None:  # the client left before the stream began
                 guard = StreamGuard(dialect, hold=False, max_event_size=max_event_size)
-            await _read_through(upstream, idle_timeout, guard.feed, lambda: guard.done)
+            try:
+                while not guard.done and (piece := await reader.read(idle_timeout)):
+                    guard.feed(piece)
+            except UpstreamFailure:
+                pass  # stalled or cut: the guard counts what it saw
             guard.end_of_stream()
             count_stream(guard, ex)
         else:
-            parts: list[bytes] = []
+            pieces: list[bytes] = []
             size = 0
-
-            def keep(chunk: bytes) -> None:
-                nonlocal size
-                parts.append(chunk)
-                size += len(chunk)
-
-            whole = await _read_through(upstream, idle_timeout, keep, lambda: size > max_body_size)
-            if whole and size <= max_body_size:
-                content_type = upstream.headers.get("Content-Type")
-                ex.record_usage(judge_body(dialect, info, upstream.status, content_type, b"".join(parts)).usage)
-    except (TimeoutError, aiohttp.ClientError, OSError):
+            while size <= max_body_size and (piece := await reader.read(idle_timeout)):
+                pieces.append(piece)
+                size += len(piece)
+            if reader.at_eof and size <= max_body_size:
+                content_type = head.headers.get("Content-Type")
+                ex.record_usage(judge_body(dialect, info, head.status, content_type, b"".join(pieces)).usage)
+    except (TimeoutError, UpstreamFailure):
         pass  # nothing more to learn: the books take what was read
     finally:
-        if upstream is not None:
-            upstream.close()
+        if link is not None:
+            pool.close_link(link)
         finish()
-
-
-async def _read_through(
-    upstream: aiohttp.ClientResponse, idle: float, consume: Callable[[bytes], object], enough: Callable[[], bool]
-) -> bool:
-    """Feed the body to `consume` until it ends (True), stalls, breaks or is `enough` (False)."""
-    reader = upstream.content
-    try:
-        while not enough():
-            async with asyncio.timeout(idle):
-                chunk = await reader.readany()
-            if not chunk:
-                return True
-            consume(chunk)
-    except (*READ_ERRORS, TimeoutError):
-        return False
-    return False

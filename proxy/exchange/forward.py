@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 
 from proxy.core.dialects import Dialect, RequestInfo, for_request, inspect_request
@@ -23,13 +22,15 @@ from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.body_io import respond_whole
+from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client_io import ClientStalled, ClientWriter
 from proxy.exchange.drain import drain
-from proxy.exchange.failures import Refusal, UpstreamFailure, request_failure
+from proxy.exchange.failures import Refusal, UpstreamFailure, first_byte_timeout
 from proxy.exchange.interrupts import Interrupted, Interrupter
-from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_url
+from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
 from proxy.exchange.state import ProxyState
-from proxy.exchange.stream_io import is_stream, pump_stream, send_step
+from proxy.exchange.stream_io import is_stream, relay_stream
+from proxy.exchange.upstream import UpstreamHead, UpstreamLink
 
 __all__ = ["client_request_id", "handle"]
 
@@ -54,8 +55,10 @@ class _Flight:
     out: ClientWriter
     interrupter: Interrupter
     info: RequestInfo | None = None
-    sending: asyncio.Future[aiohttp.ClientResponse] | None = None
-    upstream: aiohttp.ClientResponse | None = None
+    sending: asyncio.Future[tuple[UpstreamLink, UpstreamHead]] | None = None
+    link: UpstreamLink | None = None
+    head: UpstreamHead | None = None
+    reader: BodyReader | None = None  # a whole body's
     guard: StreamGuard | None = None
     handed_over: bool = False  # a drain task owns the upstream and the books from here on
 
@@ -73,15 +76,16 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
     state.books.start(ex, request.headers)
     state.track(flight.interrupter, ex)
     try:
-        if state.draining:
-            raise Refusal(Reason.SHUTDOWN, _SHUTTING_DOWN)
-        return await _exchange(request, state, flight)
-    except Refusal as exc:
-        return _tell(flight, life.refused(exc.reason), exc.message, exc.headers, close=True)
-    except UpstreamFailure as exc:
-        return _tell(flight, life.upstream_failed(exc.reason), exc.message)
-    except Interrupted:
-        return _tell(flight, life.interrupted(), _SHUTTING_DOWN, close=True)
+        try:
+            if state.draining:
+                raise Refusal(Reason.SHUTDOWN, _SHUTTING_DOWN)
+            return await _exchange(request, state, flight)
+        except Refusal as exc:
+            return await _tell(flight, life.refused(exc.reason), exc.message, exc.headers, close=True)
+        except UpstreamFailure as exc:
+            return await _tell(flight, life.upstream_failed(exc.reason), exc.message)
+        except Interrupted:
+            return await _tell(flight, life.interrupted(), _SHUTTING_DOWN, close=True)
     except ClientStalled:
         life.client_stalled()
         return flight.out.cut()
@@ -97,12 +101,16 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
     except Exception:
         answer = life.bug()
         state.books.logger.exception("proxy_error", request_id=ex.request_id)
-        return await _tell_bug(flight, answer)
+        try:
+            return await _tell_bug(flight, answer)
+        except (ClientStalled, ConnectionError):
+            return flight.out.cut()
     finally:
         state.body_budget.give_back(ex.body_reserved)
         ex.body_reserved = 0
+        flight.out.release_flow()
         if not flight.handed_over:  # (else the drain task does this when it is done)
-            _release_upstream(flight)
+            _release_upstream(state, flight)
             state.untrack(flight.interrupter)
             state.books.finish(ex)
             state.cancel_hooks.fire(ex, request.headers)  # --cancel-hook: after a cancelled upstream
@@ -110,8 +118,9 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
 
 async def _exchange(request: web.BaseRequest, state: ProxyState, flight: _Flight) -> web.StreamResponse:
     cfg, ex, life, dialect = state.config, flight.ex, flight.life, flight.dialect
-    url = upstream_url(request, state)
-    flight.interrupter.watch(request.content)
+    target = upstream_target(request)
+    content = request.content
+    flight.interrupter.watch(lambda: content.set_exception(Interrupted()))
     body = await read_body(request, cfg, state.body_budget, ex)
     info = flight.info = inspect_request(
         dialect, body, request.headers.get("Content-Encoding"), min(cfg.max_body_size, INFLATE_LIMIT)
@@ -119,95 +128,103 @@ async def _exchange(request: web.BaseRequest, state: ProxyState, flight: _Flight
     ex.model, ex.stream = info.model, info.stream
     headers = upstream_headers(request, state, dialect, ex)
     data = body if body or request.method not in _NO_BODY_METHODS else None
-    sending = state.upstream_session.request(request.method, url, data=data, headers=headers, allow_redirects=False)
     life.sent()
     try:
         async with asyncio.timeout(cfg.first_byte_timeout) as deadline:
             flight.interrupter.watch_deadline(deadline)
+            sending = state.upstream.request(request.method, target, headers, data)
             if life.drain_on_abandon:  # the request must outlive this handler if its client leaves
                 flight.sending = asyncio.ensure_future(sending)
-                upstream = await asyncio.shield(flight.sending)
+                link, head = await asyncio.shield(flight.sending)
             else:
-                upstream = await sending
-            flight.upstream = upstream
-    except (aiohttp.ClientError, OSError) as exc:  # (TimeoutError included: the first-byte timeout)
+                link, head = await sending
+            flight.link, flight.head = link, head
+    except TimeoutError as exc:
         if flight.interrupter.fired:
             raise Interrupted() from exc
-        raise request_failure(exc, cfg.connect_timeout, cfg.first_byte_timeout) from exc
+        raise first_byte_timeout(cfg.first_byte_timeout) from None
     # The body has gone upstream: its bytes no longer count against the shared bound.
     state.body_budget.give_back(ex.body_reserved)
     ex.body_reserved = 0
     del body, data
-    ex.upstream_status = upstream.status
-    if not 200 <= upstream.status <= 599:  # an unrequested 101 (Upgrade is hop-by-hop, never sent), or junk
-        message = f"the upstream answered with status {upstream.status}, which is not passed on"
+    ex.upstream_status = head.status
+    if not 200 <= head.status <= 599:  # an unrequested 101 (Upgrade is hop-by-hop, never sent), or junk
+        message = f"the upstream answered with status {head.status}, which is not passed on"
         raise UpstreamFailure(Reason.BAD_UPSTREAM_RESPONSE, message)
-    stream = is_stream(upstream)
+    stream = is_stream(head)
     life.headers_received(stream=stream)
-    flight.interrupter.watch(upstream.content)
     if stream:
         ex.stream = True
         flight.guard = StreamGuard(dialect, hold=cfg.hold_headers > 0, max_event_size=cfg.max_event_size)
-        return await pump_stream(upstream, flight.guard, flight.out, life, ex, cfg)
+        return await relay_stream(link, head, flight.guard, flight.out, life, ex, cfg, flight.interrupter)
+    reader = flight.reader = BodyReader(link)
     return await respond_whole(
-        upstream, flight.out, life, ex, dialect, info, max_body_size=cfg.max_body_size, idle_timeout=cfg.idle_timeout
+        reader, head, flight.out, life, ex, dialect, info, flight.interrupter,
+        max_body_size=cfg.max_body_size, idle_timeout=cfg.idle_timeout,
     )
 
 
-def _tell(
+async def _tell(
     flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None, *, close: bool = False
 ) -> web.StreamResponse:
     """Carry out an ending's reply outside a stream: a whole error response, or a cut."""
     if answer is None or answer.reply is Reply.CUT or flight.life.committed:
         return flight.out.cut()
     body = flight.dialect.error_body(answer.status, message, answer.reason)
-    response = flight.out.whole(answer.status, body, {_REQUEST_ID: flight.ex.request_id, **(headers or {})})
-    if close:
-        response.force_close()  # the rest of the request body is unread, or the proxy is going away
-    return response
+    try:
+        return await flight.out.whole(
+            answer.status, body, {_REQUEST_ID: flight.ex.request_id, **(headers or {})}, close=close
+        )
+    except (ClientStalled, ConnectionError):  # the verdict stands; the client simply did not take it
+        return flight.out.cut()
 
 
 async def _tell_bug(flight: _Flight, answer: Answer | None) -> web.StreamResponse:
     """A bug of ours: a 500 in the dialect's shape, an error frame in a stream, else a cut; never a traceback."""
-    guard = flight.guard
+    guard, out = flight.guard, flight.out
     if guard is not None and answer is not None and answer.reply is not Reply.CUT:
         try:
             step = guard.fail(Reason.PROXY_ERROR)
-            if step.failure is not None or step.data:
-                response = await send_step(flight.out, web.StreamResponse(), step, flight.ex, flight.life)
-                if response is not None:
-                    return response
-                return flight.out.response or flight.out.cut()
-        except Exception:  # the guard itself is what broke, or the client is gone too
-            return flight.out.cut()
-    return _tell(flight, answer, "the proxy failed to handle the request")
+        except Exception:  # the guard itself is what broke
+            return out.cut()
+        if step.failure is not None and not flight.life.committed:
+            failure = step.failure
+            return await out.whole(failure.status, failure.body, {_REQUEST_ID: flight.ex.request_id, **failure.headers})
+        if step.data and flight.life.committed:
+            await out.write(step.data)
+            await out.finish()
+            assert out.response is not None
+            return out.response
+        return out.cut()
+    return await _tell(flight, answer, "the proxy failed to handle the request")
 
 
-def _release_upstream(flight: _Flight) -> None:
+def _release_upstream(state: ProxyState, flight: _Flight) -> None:
     """Back to the pool only when read to its end and not cancelled; otherwise the connection closes."""
     if flight.sending is not None and not flight.sending.done():
         flight.sending.cancel()  # the client left (or a timeout came) before the upstream answered
-    upstream = flight.upstream
-    if upstream is None:
+    link = flight.link
+    if link is None:
         return
     ended = flight.life.ended
-    if ended is not None and ended.cancel is None and upstream.content.is_eof():
-        upstream.release()
+    if ended is not None and ended.cancel is None and link.complete:
+        state.upstream.release(link)
     else:
-        upstream.close()
+        state.upstream.close_link(link)
 
 
 def _hand_over_to_drain(state: ProxyState, flight: _Flight) -> None:
     """--on-abandon drain: a task reads the upstream's answer on for its usage, then writes the books."""
     cfg, ex = state.config, flight.ex
-    answer: Awaitable[aiohttp.ClientResponse]
-    if flight.upstream is not None:
-        answer = _ready(flight.upstream)
+    answer: Awaitable[tuple[UpstreamLink, UpstreamHead]]
+    if flight.link is not None and flight.head is not None:
+        answer = _ready(flight.link, flight.head)
     elif flight.sending is not None:
         answer = flight.sending
     else:
         return
     assert flight.info is not None
+    pool = state.upstream
 
     def finish() -> None:
         state.untrack(flight.interrupter)
@@ -215,11 +232,11 @@ def _hand_over_to_drain(state: ProxyState, flight: _Flight) -> None:
 
     flight.handed_over = True
     state.background.spawn(drain(
-        answer, ex, flight.dialect, flight.info, guard=flight.guard,
+        answer, pool, ex, flight.dialect, flight.info, guard=flight.guard, reader=flight.reader,
         first_byte_timeout=cfg.first_byte_timeout, idle_timeout=cfg.idle_timeout,
         max_body_size=cfg.max_body_size, max_event_size=cfg.max_event_size, finish=finish,
     ))
 
 
-async def _ready(upstream: aiohttp.ClientResponse) -> aiohttp.ClientResponse:
-    return upstream
+async def _ready(link: UpstreamLink, head: UpstreamHead) -> tuple[UpstreamLink, UpstreamHead]:
+    return link, head

@@ -1,9 +1,10 @@
-"""Shutdown reaching an exchange as an exception raised inside the wait it is in, not as a cancel.
+"""Shutdown reaching an exchange as an event inside the wait it is in, not as a cancel.
 
 The server cannot know what a running exchange waits on; the exchange tells its `Interrupter` (the
-client's body or the upstream's, read through an aiohttp `StreamReader`; the wait for the
-upstream's headers, under its first-byte deadline) and `fire` wakes that wait: a reader raises
-`Interrupted`, a deadline is moved to now. The exchange turns either into its lifecycle's
+client's body, read through aiohttp's `StreamReader`; an upstream body, read through a
+`BodyReader`; a stream relay, which takes it as an event; the wait for the upstream's headers,
+under its first-byte deadline) and `fire` wakes that wait: a reader raises `Interrupted`, a relay
+ends its stream, a deadline is moved to now. The exchange turns each into its lifecycle's
 `interrupted` event; a handler cancellation thus always means the client left.
 """
 
@@ -11,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-
-import aiohttp
+from collections.abc import Callable
 
 __all__ = ["Interrupted", "Interrupter"]
 
@@ -22,23 +22,23 @@ class Interrupted(Exception):
 
 
 class Interrupter:
-    __slots__ = ("_deadline", "_reader", "fired")
+    __slots__ = ("_deadline", "_on_fire", "fired")
 
     def __init__(self) -> None:
         self.fired = False
-        self._reader: aiohttp.StreamReader | None = None
+        self._on_fire: Callable[[], None] | None = None
         self._deadline: asyncio.Timeout | None = None
 
-    def watch(self, reader: aiohttp.StreamReader) -> None:
-        """Reads of `reader` are what the exchange waits on now."""
-        self._reader, self._deadline = reader, None
+    def watch(self, on_fire: Callable[[], None]) -> None:
+        """What the exchange waits on now is woken by `on_fire` (at once if shutdown already came)."""
+        self._on_fire, self._deadline = on_fire, None
         if self.fired:
-            reader.set_exception(Interrupted())
+            on_fire()
 
     def watch_deadline(self, deadline: asyncio.Timeout) -> None:
         """The exchange waits under `deadline` (for the upstream's headers); firing moves it to now,
         and the wait's TimeoutError is then read as `Interrupted` (see `fired`)."""
-        self._reader, self._deadline = None, deadline
+        self._on_fire, self._deadline = None, deadline
         if self.fired:
             deadline.reschedule(asyncio.get_running_loop().time())
 
@@ -46,8 +46,8 @@ class Interrupter:
         if self.fired:
             return
         self.fired = True
-        if self._reader is not None:
-            self._reader.set_exception(Interrupted())
+        if self._on_fire is not None:
+            self._on_fire()
         if self._deadline is not None and not self._deadline.expired():
             with contextlib.suppress(RuntimeError):  # the wait just ended
                 self._deadline.reschedule(asyncio.get_running_loop().time())

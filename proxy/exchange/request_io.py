@@ -11,7 +11,6 @@ import asyncio
 
 from aiohttp import web
 from multidict import CIMultiDict
-from yarl import URL
 
 from proxy.config import Config
 from proxy.core.dialects import Dialect
@@ -24,7 +23,7 @@ from proxy.exchange.body_budget import BodyBudget
 from proxy.exchange.failures import Refusal
 from proxy.exchange.state import ProxyState
 
-__all__ = ["INFLATE_LIMIT", "read_body", "upstream_headers", "upstream_url"]
+__all__ = ["INFLATE_LIMIT", "read_body", "upstream_headers", "upstream_target"]
 
 # A compressed body is inflated (a copy, for its model and stream flags) up to this size: inflating
 # blocks the event loop, and a small gzip can hold gigabytes. A larger one is forwarded unnoted.
@@ -66,13 +65,12 @@ async def read_body(request: web.BaseRequest, cfg: Config, budget: BodyBudget, e
         chunks.append(chunk)
 
 
-def upstream_url(request: web.BaseRequest, state: ProxyState) -> URL:
-    """The configured upstream plus the client's path and query, never another host."""
+def upstream_target(request: web.BaseRequest) -> str:
+    """The client's path and query, to go after the upstream's base path; never another host."""
     try:
-        target = forwarded_target(request.raw_path)
+        return forwarded_target(request.raw_path)
     except BadTarget as exc:
         raise Refusal(Reason.BAD_REQUEST, str(exc)) from None
-    return URL(state.upstream_base + target, encoded=True)
 
 
 def upstream_headers(

@@ -13,6 +13,7 @@ from proxy.exchange.background import Background
 from proxy.exchange.body_budget import BodyBudget
 from proxy.exchange.cancel_hooks import CancelHooks
 from proxy.exchange.interrupts import Interrupter
+from proxy.exchange.upstream import UpstreamPool
 from proxy.observe.books import Books
 from proxy.observe.metrics import Metrics
 
@@ -21,12 +22,13 @@ __all__ = ["ProxyState"]
 
 @dataclass(slots=True)
 class ProxyState:
-    """What every handler needs: settings, the upstream session, the books, and the drain switch."""
+    """What every handler needs: settings, the upstream pool, the books, and the drain switch."""
 
     config: Config
     metrics: Metrics
     books: Books
-    session: aiohttp.ClientSession | None = None
+    session: aiohttp.ClientSession | None = None  # the admin port's health check and --cancel-hook calls
+    pool: UpstreamPool | None = None  # the exchanges' upstream connections
     upstream_base: str = ""  # the upstream URL without credentials
     upstream_authorization: str | None = None  # from credentials in --upstream, for clients that send none
     draining: bool = False
@@ -56,6 +58,11 @@ class ProxyState:
         for interrupter in list(self.live):
             interrupter.fire()
         return len(self.live)
+
+    @property
+    def upstream(self) -> UpstreamPool:
+        assert self.pool is not None, "the proxy is not started"
+        return self.pool
 
     @property
     def upstream_session(self) -> aiohttp.ClientSession:

@@ -13,31 +13,30 @@ from proxy.observe.logs import make_logger
 from proxy.observe.metrics import Metrics
 from proxy.server.admin import build_admin_app
 from proxy.server.connections import ConnectionRules, ProxyServer, make_handler
-from proxy.server.upstream_pool import GuardedConnector
+from proxy.server.upstream_pool import UPSTREAM_KEEPALIVE_SECONDS, ConnectionPool
 
 if TYPE_CHECKING:
     from proxy.observe.tracing import Tracing
 
-__all__ = ["LINGERING_SECONDS", "build_admin_app", "build_main_server", "build_state", "open_upstream_session"]
+__all__ = [
+    "LINGERING_SECONDS", "build_admin_app", "build_main_server", "build_state", "open_upstream_pool",
+    "open_upstream_session",
+]
 
-# Below uvicorn's 5 s keep-alive, so the proxy drops an idle pooled connection before the backend
-# does; otherwise a request could be sent on a socket the backend is just closing (a spurious 502).
-UPSTREAM_KEEPALIVE_SECONDS = 4.0
 # How long aiohttp reads and discards a request body the handler left unread (nginx: lingering_timeout 5 s).
 LINGERING_SECONDS = 5.0
 
 
+def open_upstream_pool(state: ProxyState) -> ConnectionPool:
+    """The exchanges' upstream connections (proxy/server/upstream_pool.py)."""
+    cfg = state.config
+    return ConnectionPool(state.upstream_base, limit=cfg.upstream_max_connections, connect_timeout=cfg.connect_timeout)
+
+
 def open_upstream_session(config: Config) -> aiohttp.ClientSession:
-    """The pooled upstream client: unlimited connections by default, no cookies, no rewriting."""
-    connector = GuardedConnector(
-        limit=config.upstream_max_connections,
-        limit_per_host=0,
-        keepalive_timeout=UPSTREAM_KEEPALIVE_SECONDS,
-    )
+    """The admin port's health check and the --cancel-hook calls: no cookies, no rewriting."""
     return aiohttp.ClientSession(
-        connector=connector,
-        # No total timeout: aiohttp's default 300 s would cut long generations. The proxy bounds
-        # the phases itself (first byte, idle); only the connect is bounded here.
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_SECONDS),
         timeout=aiohttp.ClientTimeout(
             total=None, connect=config.connect_timeout, sock_connect=config.connect_timeout
         ),

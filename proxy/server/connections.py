@@ -78,6 +78,19 @@ class ClientConnection(web.RequestHandler):
         self._head: HeadScanner | None = HeadScanner(manager.rules.max_header_size)
         self._head_timer: asyncio.TimerHandle | None = None
         self._counted = False
+        self.flow_hooks: tuple[Callable[[], None], Callable[[], None]] | None = None  # a stream relay's
+
+    # ---- flow control, for a stream relay that writes straight to the transport ---------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.flow_hooks is not None:
+            self.flow_hooks[0]()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.flow_hooks is not None:
+            self.flow_hooks[1]()
 
     # ---- the transport's callbacks ------------------------------------------------------------
 

@@ -26,7 +26,13 @@ from proxy import __version__
 from proxy.config import Config
 from proxy.exchange.state import ProxyState
 from proxy.observe.metrics import keep_values_in_memory
-from proxy.server.app import build_admin_app, build_main_server, build_state, open_upstream_session
+from proxy.server.app import (
+    build_admin_app,
+    build_main_server,
+    build_state,
+    open_upstream_pool,
+    open_upstream_session,
+)
 from proxy.server.connections import ProxyServer
 from proxy.server.fdlimit import connection_limit, raise_fd_limit
 
@@ -101,6 +107,7 @@ class Server:
     async def start(self) -> None:
         cfg = self.config
         self.state.session = open_upstream_session(cfg)
+        self.state.pool = open_upstream_pool(self.state)
         self.main_server = build_main_server(self.state, self.max_connections)
         self._main = web.ServerRunner(self.main_server, shutdown_timeout=_CLOSE_SECONDS)
         await self._main.setup()
@@ -165,6 +172,8 @@ class Server:
         if self._admin is not None:
             await self._admin.cleanup()
         await state.background.close()  # drains still reading write their books now
+        if state.pool is not None:
+            state.pool.close()
         # --cancel-hook calls still in flight (those of interrupted exchanges too) run until the drain's
         # end, leaving the tracer its share of it, then are cut.
         await state.cancel_hooks.close(bound - _EXIT_SECONDS - _TRACING_SHARE_SECONDS - loop.time())

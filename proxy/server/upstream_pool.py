@@ -1,51 +1,155 @@
-"""The upstream keep-alive pool, closed to bytes that belong to no request.
+"""The upstream keep-alive pool: connections on asyncio protocols, reused only when provably clean.
 
-aiohttp parses whatever arrives on a pooled idle connection as the answer to the next request sent
-on it. A backend that writes a second, unrequested response (or anything else) on an idle
-keep-alive connection would thus hand one client's bytes to the next client, and shift every later
-answer by one. Here an idle pooled connection that receives any byte is closed at once and never
-reused; a connection whose response left bytes beyond its declared end is already closed on
-release by aiohttp (`should_close`); EOF closes it too.
+A connection goes back to the pool only when its response was read to its end, framed by length or
+chunks, keep-alive, with no byte behind it (`UpstreamConnection` closes on any byte no request asked
+for, and on anything else it cannot vouch for). An idle one is dropped after
+`UPSTREAM_KEEPALIVE_SECONDS`, below uvicorn's 5 s, so the proxy lets go before the backend does and
+never sends on a socket the backend is just closing.
 
-This hooks two private parts of aiohttp's connector (`_factory`, `_release`); the loopback tests
-with a raw-socket upstream that writes stray responses fail if aiohttp ever changes them.
+`--upstream-max-connections N` bounds the connections (connecting, busy and idle); a request past it
+waits for one to come free, bounded only by the exchange's first-byte deadline: the wait is not a
+connect, so it never ends as a connect timeout.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+import asyncio
+import ssl
+from collections import deque
 
-import aiohttp
-from aiohttp.client_proto import ResponseHandler
+from multidict import CIMultiDict
+from yarl import URL
 
-__all__ = ["GuardedConnector", "GuardedResponseHandler"]
+from proxy.core.lifecycle import Reason
+from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.upstream import UpstreamHead, UpstreamLink
+from proxy.server.upstream_conn import UpstreamConnection, encode_request
+
+__all__ = ["UPSTREAM_KEEPALIVE_SECONDS", "ConnectionPool"]
+
+UPSTREAM_KEEPALIVE_SECONDS = 4.0
 
 
-class GuardedResponseHandler(ResponseHandler):
-    """An upstream connection that knows whether a request is waiting for its bytes."""
+class ConnectionPool:
+    """The one upstream's connections (`UpstreamPool` for the exchanges)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pooled = False  # released to the pool: nothing may arrive until the next request
+    def __init__(self, base_url: str, *, limit: int, connect_timeout: float,
+                 keepalive: float = UPSTREAM_KEEPALIVE_SECONDS) -> None:  # fmt: skip
+        url = URL(base_url)
+        assert url.host is not None
+        self._host, self._port = url.host, url.port or (443 if url.scheme == "https" else 80)
+        self._ssl = ssl.create_default_context() if url.scheme == "https" else None
+        default_port = url.port is None or url.is_default_port()
+        host = f"[{url.host}]" if ":" in url.host else url.host
+        self._host_header = host if default_port else f"{host}:{url.port}"
+        self._prefix = url.raw_path.rstrip("/")
+        self.limit = limit
+        self.connect_timeout = connect_timeout
+        self.keepalive = keepalive
+        self._idle: list[UpstreamConnection] = []  # most recently used last
+        self._all: set[UpstreamConnection] = set()
+        self._opening = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._closed = False
 
-    def set_response_params(self, **kwargs: Any) -> None:
-        self.pooled = False  # aiohttp calls this for every request it sends on the connection
-        super().set_response_params(**kwargs)
+    @property
+    def open_connections(self) -> int:
+        return len(self._all) + self._opening
 
-    def data_received(self, data: bytes) -> None:
-        if self.pooled and data:
-            self.close()  # stray bytes on an idle connection: no client may ever read them
+    async def request(
+        self, method: str, target: str, headers: CIMultiDict[str], body: bytes | None
+    ) -> tuple[UpstreamLink, UpstreamHead]:
+        connection = await self._acquire()
+        head = encode_request(method, self._prefix + target, self._host_header, headers, body)
+        try:
+            answer = connection.send(head, body, head_only=method == "HEAD")
+            return connection, await answer
+        except BaseException:
+            connection.close()
+            raise
+
+    def release(self, link: UpstreamLink) -> None:
+        assert isinstance(link, UpstreamConnection)
+        if not (link.complete and link.reusable) or self._closed:
+            link.close()
             return
-        super().data_received(data)
+        loop = asyncio.get_running_loop()
+        link.resume_reading()  # idle, it must still hear a stray byte (and then close)
+        link.idle_timer = loop.call_later(self.keepalive, link.close)
+        self._idle.append(link)
+        self._wake_one()
 
+    def close_link(self, link: UpstreamLink) -> None:
+        assert isinstance(link, UpstreamConnection)
+        link.close()
 
-class GuardedConnector(aiohttp.TCPConnector):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._factory = functools.partial(GuardedResponseHandler, loop=self._loop)  # type: ignore[assignment]
+    def close(self) -> None:
+        """Shutdown: every connection closes (the exchanges have finished or been interrupted)."""
+        self._closed = True
+        for connection in list(self._all):
+            connection.close()
+        self._idle.clear()
 
-    def _release(self, key: Any, protocol: ResponseHandler, *, should_close: bool = False) -> None:
-        if isinstance(protocol, GuardedResponseHandler):
-            protocol.pooled = True
-        super()._release(key, protocol, should_close=should_close)
+    # ---- internals --------------------------------------------------------------------------------
+
+    async def _acquire(self) -> UpstreamConnection:
+        while True:
+            while self._idle:
+                connection = self._idle.pop()
+                if connection.idle_timer is not None:
+                    connection.idle_timer.cancel()
+                    connection.idle_timer = None
+                if connection.complete and connection.reusable:
+                    return connection
+                connection.close()
+            if not self.limit or self.open_connections < self.limit:
+                return await self._connect()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # the turn it was given passes on
+                raise
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    async def _connect(self) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        self._opening += 1
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, connection = await loop.create_connection(
+                    lambda: UpstreamConnection(self._lost), self._host, self._port, ssl=self._ssl,
+                    server_hostname=self._host if self._ssl is not None else None,
+                )
+        except BaseException as exc:
+            self._opening -= 1
+            self._wake_one()  # the slot it held is free again
+            if isinstance(exc, TimeoutError):
+                message = f"the upstream did not connect within {self.connect_timeout:g} s"
+                raise UpstreamFailure(Reason.FIRST_BYTE_TIMEOUT, message) from None
+            if isinstance(exc, OSError):
+                why = exc.strerror or "connection refused"
+                raise UpstreamFailure(Reason.CONNECT_FAILED, f"could not connect to the upstream: {why}") from None
+            raise
+        self._opening -= 1
+        self._all.add(connection)
+        if self._closed:
+            connection.close()
+        return connection
+
+    def _lost(self, connection: UpstreamConnection) -> None:
+        self._all.discard(connection)
+        if connection in self._idle:
+            self._idle.remove(connection)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return

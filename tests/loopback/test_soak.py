@@ -72,9 +72,7 @@ async def test_soak_with_abandons(proxy: Proxy, fake_upstream: FakeUpstream) -> 
     pooled = _open_fds() - baseline
     # Finished streams leave keep-alive connections in the upstream pool (and their server ends in
     # the fake): legitimate. Close the pool; whatever stays open beyond the baseline is a leak.
-    session = proxy.state.upstream_session
-    assert session.connector is not None
-    await session.connector.close()
+    proxy.state.upstream.close()
     await until(lambda: _open_fds() <= baseline + 10)  # the fake's ends close as it reads the EOFs
     after = _open_fds()
     print(f"\nsoak: {STREAMS} streams, {len(abandoned)} abandoned; fds {baseline} -> {after} "

@@ -90,10 +90,14 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
 @pytest.mark.slow
 @pytest.mark.timeout(INSTALL_TIMEOUT + 60)
 def test_plain_install_has_no_extras(plain_bin: Path) -> None:
-    """The premise of the tests below: the SDKs and uvloop come only with extras."""
-    for module in ("openai", "anthropic", "uvloop", "pytest"):
+    """The premise of the tests below: the SDKs come only with extras; the data plane's parser and loop
+    (httptools, and uvloop on Linux) are plain dependencies."""
+    for module in ("openai", "anthropic", "pytest"):
         done = subprocess.run([str(plain_bin / "python"), "-c", f"import {module}"], capture_output=True, timeout=30)
         assert done.returncode != 0, f"{module} is installed by a plain `pip install .`"
+    for module in ("httptools", "uvloop"):
+        done = subprocess.run([str(plain_bin / "python"), "-c", f"import {module}"], capture_output=True, timeout=30)
+        assert done.returncode == 0, f"{module} is not installed by a plain `pip install .`"
 
 
 @pytest.mark.slow
@@ -142,7 +146,7 @@ def test_serve_and_fake_upstream_work(plain_bin: Path, processes: list[subproces
 @pytest.mark.slow
 @pytest.mark.timeout(INSTALL_TIMEOUT + 120)
 def test_bench_works(plain_bin: Path) -> None:
-    done = _run(plain_bin, "bench", "--quick", "--scenarios", "b,c,abandon", timeout=120)  # no uvloop here
+    done = _run(plain_bin, "bench", "--quick", "--scenarios", "b,c,abandon", timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert "b: 16 concurrent streams" in done.stdout

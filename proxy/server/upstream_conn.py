@@ -1,0 +1,251 @@
+"""One upstream HTTP/1.1 connection on an asyncio protocol, its responses parsed by llhttp (httptools).
+
+The protocol's callbacks do the work: the response head resolves the exchange's one wait, and each
+body piece goes straight to the exchange's `BodySink` (for a stream, the relay that writes it to the
+client), so no task wakes per piece. Flow control is the transport's own: the sink pauses reading
+while its client cannot take more.
+
+What it refuses, so that the pool never hands one client's bytes to another: a byte arriving while
+no request waits (the connection is closed at once), a second response behind the first in one read
+(closed after the first), an unrequested `101`, more interim (1xx) responses or a larger head than
+any backend sends (`bad_upstream_response`), and whatever llhttp rejects (bad framing, CL with TE).
+A response to HEAD, or one framed by the close, is never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Final, cast
+
+import httptools
+from multidict import CIMultiDict
+
+from proxy.core.lifecycle import Reason
+from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.upstream import BodySink, UpstreamHead
+
+__all__ = ["MAX_HEAD_BYTES", "MAX_INTERIM", "UpstreamConnection", "encode_request"]
+
+MAX_HEAD_BYTES: Final = 64 * 1024  # a response's status line and headers, in total (nginx: 4-8 KiB)
+MAX_INTERIM: Final = 8  # 1xx responses before the real one; a flood of `100 Continue` is not an answer
+
+_IDLE, _WAITING, _BODY, _DONE = range(4)
+_BAD_RESPONSE = "the upstream sent an invalid HTTP response"
+_CLOSED_EARLY = "the upstream closed the connection before answering"
+_CUT = "the upstream connection broke before the response was complete"
+
+
+class _Stray(Exception):
+    """A second response began behind the first: nobody asked for it."""
+
+
+def encode_request(method: str, target: str, host: str, headers: CIMultiDict[str], body: bytes | None) -> bytes:
+    """The request head, `Host` first and `Content-Length` when there is a body."""
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"]
+    lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("utf-8", "surrogateescape")
+
+
+class UpstreamConnection(asyncio.Protocol):
+    __slots__ = (
+        "_early",
+        "_ended",
+        "_failure",
+        "_head_only",
+        "_head_size",
+        "_headers",
+        "_in_interim",
+        "_interim",
+        "_on_lost",
+        "_parser",
+        "_reason",
+        "_sink",
+        "_state",
+        "_until_eof",
+        "_waiter",
+        "closed",
+        "idle_timer",
+        "reusable",
+        "transport",
+    )  # fmt: skip
+
+    def __init__(self, on_lost: Callable[[UpstreamConnection], None]) -> None:
+        self._on_lost = on_lost
+        self._parser = httptools.HttpResponseParser(self)
+        self._state = _IDLE
+        self._waiter: asyncio.Future[UpstreamHead] | None = None
+        self._sink: BodySink | None = None
+        self._early: list[bytes] = []  # body pieces that came before the exchange attached its sink
+        self._ended = False
+        self._failure: UpstreamFailure | None = None
+        self._headers: CIMultiDict[str] = CIMultiDict()
+        self._reason = b""
+        self._head_size = 0
+        self._interim = 0
+        self._in_interim = False
+        self._head_only = False
+        self._until_eof = False
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reusable = False
+        self.idle_timer: asyncio.TimerHandle | None = None  # the pool's, while it sits idle
+
+    # ---- what the pool and the exchange call ------------------------------------------------------
+
+    def send(self, request: bytes, body: bytes | None, *, head_only: bool) -> asyncio.Future[UpstreamHead]:
+        """Write one request; the future resolves with the response head (or an `UpstreamFailure`)."""
+        assert self.transport is not None
+        assert self._state in (_IDLE, _DONE)
+        self._state, self._sink, self._early, self._ended, self._failure = _WAITING, None, [], False, None
+        self._headers, self._reason, self._head_size, self._interim = CIMultiDict(), b"", 0, 0
+        self._head_only, self._until_eof, self.reusable = head_only, False, False
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        if body:
+            self.transport.writelines((request, body))
+        else:
+            self.transport.write(request)
+        return waiter
+
+    def attach(self, sink: BodySink) -> None:
+        self._sink = sink
+        early, self._early = self._early, []
+        for piece in early:
+            sink.body(piece)
+        if self._failure is not None:
+            sink.failed(self._failure)
+        elif self._ended:
+            sink.end()
+
+    @property
+    def complete(self) -> bool:
+        return self._state == _DONE and not self.closed
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.reusable = False
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+
+    # ---- the transport's callbacks ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
+
+    def data_received(self, data: bytes) -> None:
+        if self._state in (_IDLE, _DONE):
+            self.close()  # bytes no request asked for: no client may ever read them
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            if self._state == _DONE:  # (_Stray) the response is whole; the connection is not reusable
+                self.close()
+                return
+            self._fail(Reason.BAD_UPSTREAM_RESPONSE, _BAD_RESPONSE)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            self._fail(Reason.BAD_UPSTREAM_RESPONSE, _BAD_RESPONSE)  # (a stream's relay calls it a cut)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.reusable = False
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        if self._state == _WAITING:
+            self._fail(Reason.CONNECT_FAILED, _CLOSED_EARLY)
+        elif self._state == _BODY:
+            if self._until_eof and exc is None:
+                self._complete()  # a body framed by the close ends with it
+            else:
+                self._fail(Reason.STREAM_CUT, _CUT)
+        self._on_lost(self)
+
+    # ---- llhttp's callbacks -----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._state == _DONE:
+            raise _Stray
+
+    def on_status(self, status: bytes) -> None:
+        self._reason += status
+        self._grow(len(status))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow(len(name) + len(value) + 4)
+        self._headers.add(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            self._interim += 1
+            if status == 101 or self._interim > MAX_INTERIM:
+                raise ValueError("an unrequested upgrade, or an interim flood")
+            self._in_interim = True  # its (empty) message completes next; the real head follows
+            self._headers, self._reason, self._head_size = CIMultiDict(), b"", 0
+            return
+        headers = self._headers
+        length = headers.get("Content-Length")
+        content_length = int(length) if length is not None and length.isdigit() else None
+        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        no_body = self._head_only or status in (204, 304)
+        self._until_eof = not no_body and content_length is None and not chunked
+        self._state = _BODY
+        head = UpstreamHead(status, self._reason.decode("latin-1"), headers, content_length)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(head)
+        if self._head_only:  # llhttp would wait for the announced body: the response ends here
+            self._complete()
+            self.reusable = False
+
+    def on_body(self, body: bytes) -> None:
+        sink = self._sink
+        if sink is not None:
+            sink.body(body)
+        elif self._state == _BODY:
+            self._early.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._in_interim:
+            self._in_interim = False
+            return
+        if self._state == _BODY:
+            self.reusable = self._parser.should_keep_alive() and not self._until_eof
+            self._complete()
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    def _grow(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > MAX_HEAD_BYTES:
+            raise ValueError("the response head is too large")
+
+    def _complete(self) -> None:
+        self._state = _DONE
+        self._ended = True
+        if self._sink is not None:
+            self._sink.end()
+
+    def _fail(self, reason: Reason, message: str) -> None:
+        """The connection is unusable; whoever waits on it learns why (once), and it closes."""
+        state = self._state
+        self._state = _DONE if state == _DONE else _IDLE
+        self.close()
+        failure = UpstreamFailure(reason, message)
+        if state == _WAITING:
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_exception(failure)
+        elif state == _BODY and self._failure is None:
+            self._failure = failure
+            if self._sink is not None:
+                self._sink.failed(failure)
