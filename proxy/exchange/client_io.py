@@ -113,6 +113,13 @@ class ClientWriter:
         self.ex.bytes_out = len(body)
         return response
 
+    def close_now(self) -> None:
+        """Close the connection once what was written has gone, without reading the rest of the request
+        body first (aiohttp's lingering read): for a client that stopped sending it, or at shutdown."""
+        protocol = self.request.protocol
+        if protocol is not None:
+            protocol.force_close()
+
     async def _guarded(self, operation: Awaitable[object]) -> None:
         try:
             async with asyncio.timeout(self.stall_timeout):

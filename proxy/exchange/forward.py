@@ -38,6 +38,9 @@ _REQUEST_ID = "X-Request-Id"
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 _REQUEST_ID_MAX = 200
 _SHUTTING_DOWN = "the proxy is shutting down"
+# Answers after which the connection closes at once, as nginx does, rather than reading out the rest of
+# the request body: the client stopped sending it, or the proxy is going away.
+_CLOSE_AT_ONCE = frozenset({Reason.CLIENT_TIMEOUT, Reason.SHUTDOWN})
 
 
 def client_request_id(value: str | None) -> bool:
@@ -172,11 +175,14 @@ async def _tell(
         return flight.out.cut()
     body = flight.dialect.error_body(answer.status, message, answer.reason)
     try:
-        return await flight.out.whole(
+        response = await flight.out.whole(
             answer.status, body, {_REQUEST_ID: flight.ex.request_id, **(headers or {})}, close=close
         )
     except (ClientStalled, ConnectionError):  # the verdict stands; the client simply did not take it
         return flight.out.cut()
+    if answer.reason in _CLOSE_AT_ONCE:
+        flight.out.close_now()
+    return response
 
 
 async def _tell_bug(flight: _Flight, answer: Answer | None) -> web.StreamResponse:

@@ -179,7 +179,6 @@ async def test_shutdown_while_a_whole_body_is_held_answers_503_shutdown() -> Non
 # --- 3. a stalled upload's connection closes with its 408 -------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 3: the connection lingers 5 s after a stalled upload's 408")
 async def test_a_stalled_upload_is_closed_after_its_408(fake: FakeProcess) -> None:
     """nginx closes a connection whose body timed out: the client has shown it is not sending.
 
@@ -493,8 +492,6 @@ async def test_header_names_with_underscores_are_dropped(recording: tuple[ServeP
     assert request.header(b"x-kept") == b"yes"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 9: Interrupted, left set on an upload, is raised "
-                                       "in aiohttp's lingering read")
 async def test_uploads_in_flight_at_shutdown_leave_no_traceback(fake: FakeProcess) -> None:
     proxy = ServeProcess(fake.url, "--drain-timeout", "1")
     try:
