@@ -51,27 +51,9 @@ def encode_request(method: str, target: str, host: str, headers: CIMultiDict[str
 
 
 class UpstreamConnection(asyncio.Protocol):
-    __slots__ = (
-        "_early",
-        "_ended",
-        "_failure",
-        "_head_only",
-        "_head_size",
-        "_headers",
-        "_in_interim",
-        "_interim",
-        "_on_lost",
-        "_parser",
-        "_reason",
-        "_sink",
-        "_state",
-        "_until_eof",
-        "_waiter",
-        "closed",
-        "idle_timer",
-        "reusable",
-        "transport",
-    )  # fmt: skip
+    __slots__ = ("_ended", "_failure", "_feeding", "_head_only", "_head_size", "_headers", "_in_interim",
+                 "_interim", "_on_lost", "_parser", "_pending", "_reason", "_sink", "_state", "_told",
+                 "_until_eof", "_waiter", "closed", "idle_timer", "reusable", "transport")  # fmt: skip
 
     def __init__(self, on_lost: Callable[[UpstreamConnection], None]) -> None:
         self._on_lost = on_lost
@@ -79,8 +61,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._state = _IDLE
         self._waiter: asyncio.Future[UpstreamHead] | None = None
         self._sink: BodySink | None = None
-        self._early: list[bytes] = []  # body pieces that came before the exchange attached its sink
+        self._pending: list[bytes] = []  # body pieces not yet given to the sink (one batch per read)
         self._ended = False
+        self._told = False  # the sink heard the end (or the failure)
+        self._feeding = False  # inside llhttp's callbacks: the sink hears of it after the read
         self._failure: UpstreamFailure | None = None
         self._headers: CIMultiDict[str] = CIMultiDict()
         self._reason = b""
@@ -100,7 +84,8 @@ class UpstreamConnection(asyncio.Protocol):
         """Write one request; the future resolves with the response head (or an `UpstreamFailure`)."""
         assert self.transport is not None
         assert self._state in (_IDLE, _DONE)
-        self._state, self._sink, self._early, self._ended, self._failure = _WAITING, None, [], False, None
+        self._state, self._sink, self._pending, self._ended, self._failure = _WAITING, None, [], False, None
+        self._told = False
         self._headers, self._reason, self._head_size, self._interim = CIMultiDict(), b"", 0, 0
         self._head_only, self._until_eof, self.reusable = head_only, False, False
         waiter = self._waiter = asyncio.get_running_loop().create_future()
@@ -112,13 +97,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def attach(self, sink: BodySink) -> None:
         self._sink = sink
-        early, self._early = self._early, []
-        for piece in early:
-            sink.body(piece)
-        if self._failure is not None:
-            sink.failed(self._failure)
-        elif self._ended:
-            sink.end()
+        self._told = False  # (a drain taking over from a relay hears the end again, if it came)
+        self._deliver()
 
     @property
     def complete(self) -> bool:
@@ -146,6 +126,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self._state in (_IDLE, _DONE):
             self.close()  # bytes no request asked for: no client may ever read them
             return
+        self._feeding = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError:
@@ -155,6 +136,9 @@ class UpstreamConnection(asyncio.Protocol):
             self._fail(Reason.BAD_UPSTREAM_RESPONSE, _BAD_RESPONSE)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             self._fail(Reason.BAD_UPSTREAM_RESPONSE, _BAD_RESPONSE)  # (a stream's relay calls it a cut)
+        finally:
+            self._feeding = False
+            self._deliver()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -209,11 +193,8 @@ class UpstreamConnection(asyncio.Protocol):
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
-        sink = self._sink
-        if sink is not None:
-            sink.body(body)
-        elif self._state == _BODY:
-            self._early.append(body)
+        if self._state == _BODY:
+            self._pending.append(body)
 
     def on_message_complete(self) -> None:
         if self._in_interim:
@@ -233,8 +214,25 @@ class UpstreamConnection(asyncio.Protocol):
     def _complete(self) -> None:
         self._state = _DONE
         self._ended = True
-        if self._sink is not None:
-            self._sink.end()
+        if not self._feeding:
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """Give the sink what came, in one piece, then the end or the failure (once)."""
+        sink = self._sink
+        if sink is None:
+            return
+        if self._pending:
+            pending, self._pending = self._pending, []
+            sink.body(pending[0] if len(pending) == 1 else b"".join(pending))
+        if self._told:
+            return
+        if self._failure is not None:
+            self._told = True
+            sink.failed(self._failure)
+        elif self._ended:
+            self._told = True
+            sink.end()
 
     def _fail(self, reason: Reason, message: str) -> None:
         """The connection is unusable; whoever waits on it learns why (once), and it closes."""
@@ -247,5 +245,6 @@ class UpstreamConnection(asyncio.Protocol):
                 self._waiter.set_exception(failure)
         elif state == _BODY and self._failure is None:
             self._failure = failure
-            if self._sink is not None:
-                self._sink.failed(failure)
+            self._pending = []  # (a partial piece of a broken body is never passed on)
+            if not self._feeding:
+                self._deliver()
