@@ -25,6 +25,7 @@ from proxy.core.record import ExchangeRecord
 __all__ = ["ClientStalled", "ClientWriter", "FlowHooks"]
 
 _Hook = Callable[[], None]
+_HEAD_ROOM = 8192  # a status line and headers
 
 
 class ClientStalled(Exception):
@@ -61,7 +62,7 @@ class ClientWriter:
     async def write(self, data: bytes) -> None:
         response = self.response
         assert response is not None, "commit first"
-        await self._guarded(response.write(data))
+        await self._guarded(response.write(data), len(data))
         self.ex.bytes_out += len(data)
 
     def write_raw(self, data: bytes) -> bool:
@@ -109,7 +110,7 @@ class ClientWriter:
         self.ex.status = status
         self.life.committed_now()
         await self._guarded(response.prepare(self.request))
-        await self._guarded(response.write_eof())
+        await self._guarded(response.write_eof(), len(body))
         self.ex.bytes_out = len(body)
         return response
 
@@ -120,12 +121,25 @@ class ClientWriter:
         if protocol is not None:
             protocol.force_close()
 
-    async def _guarded(self, operation: Awaitable[object]) -> None:
+    async def _guarded(self, operation: Awaitable[object], size: int = 0) -> None:
+        if self._has_room(size):
+            await operation  # it cannot wait for the client: no timer needed
+            return
         try:
             async with asyncio.timeout(self.stall_timeout):
                 await operation
         except TimeoutError:
             raise ClientStalled from None
+
+    def _has_room(self, size: int) -> bool:
+        """Writing `size` more bytes (and a head) cannot wait: the transport is below its high-water
+        mark and stays below it, so aiohttp's drain returns at once."""
+        transport = self.request.transport
+        if transport is None:
+            return True  # the write will raise on its own
+        if cast(FlowHooks, self.request.protocol).writing_paused:
+            return False
+        return transport.get_write_buffer_size() + size + _HEAD_ROOM <= transport.get_write_buffer_limits()[1]
 
     def cut(self) -> web.StreamResponse:
         """Drop the client connection without another byte (no second HTTP response in the body)."""

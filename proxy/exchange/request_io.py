@@ -46,13 +46,16 @@ async def read_body(request: web.BaseRequest, cfg: Config, budget: BodyBudget, e
         request.writer.output_size = 0
     chunks: list[bytes] = []
     size = 0
+    content = request.content
     while True:
-        try:
-            async with asyncio.timeout(cfg.client_body_timeout):
-                chunk = await request.content.readany()
-        except TimeoutError:
-            message = f"the request body stopped arriving for {cfg.client_body_timeout:g} s"
-            raise Refusal(Reason.CLIENT_TIMEOUT, message) from None
+        chunk = content.read_nowait()  # what has come already needs no timer
+        if not chunk and not content.at_eof():
+            try:
+                async with asyncio.timeout(cfg.client_body_timeout):
+                    chunk = await content.readany()
+            except TimeoutError:
+                message = f"the request body stopped arriving for {cfg.client_body_timeout:g} s"
+                raise Refusal(Reason.CLIENT_TIMEOUT, message) from None
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)

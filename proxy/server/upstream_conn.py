@@ -53,10 +53,11 @@ def encode_request(method: str, target: str, host: str, headers: CIMultiDict[str
 class UpstreamConnection(asyncio.Protocol):
     __slots__ = ("_ended", "_failure", "_feeding", "_head_only", "_head_size", "_headers", "_in_interim",
                  "_interim", "_on_lost", "_parser", "_pending", "_reason", "_sink", "_state", "_told",
-                 "_until_eof", "_waiter", "closed", "idle_timer", "reusable", "transport")  # fmt: skip
+                 "_until_eof", "_waiter", "closed", "idle_timer", "loop", "reusable", "transport")  # fmt: skip
 
     def __init__(self, on_lost: Callable[[UpstreamConnection], None]) -> None:
         self._on_lost = on_lost
+        self.loop = asyncio.get_running_loop()
         self._parser = httptools.HttpResponseParser(self)
         self._state = _IDLE
         self._waiter: asyncio.Future[UpstreamHead] | None = None
@@ -88,7 +89,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._told = False
         self._headers, self._reason, self._head_size, self._interim = CIMultiDict(), b"", 0, 0
         self._head_only, self._until_eof, self.reusable = head_only, False, False
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = self.loop.create_future()
         if body:
             self.transport.writelines((request, body))
         else:

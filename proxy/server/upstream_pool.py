@@ -73,9 +73,8 @@ class ConnectionPool:
         if not (link.complete and link.reusable) or self._closed:
             link.close()
             return
-        loop = asyncio.get_running_loop()
         link.resume_reading()  # idle, it must still hear a stray byte (and then close)
-        link.idle_timer = loop.call_later(self.keepalive, link.close)
+        link.idle_timer = link.loop.call_later(self.keepalive, link.close)
         self._idle.append(link)
         self._wake_one()
 
