@@ -148,6 +148,7 @@ class StreamRelay:
         if self._final is None:
             self._final = Need.GONE
         self._cancel_timers()
+        self._client = None  # (no cycle keeps the exchange's objects alive once it is over)
 
     # ---- internals --------------------------------------------------------------------------------
 
@@ -188,8 +189,7 @@ class StreamRelay:
 
     def _write(self, data: bytes) -> None:
         client = self._client
-        assert client is not None
-        if not client.write_raw(data):
+        if client is None or not client.write_raw(data):
             self._finish(Need.GONE)
             return
         self.ex.bytes_out += len(data)

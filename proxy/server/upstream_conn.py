@@ -101,6 +101,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._told = False  # (a drain taking over from a relay hears the end again, if it came)
         self._deliver()
 
+    def detach(self) -> None:
+        """The exchange is done with it: the connection keeps nothing of it (no relay, guard or record
+        lives on while it sits in the pool)."""
+        self._sink = None
+        self._pending = []
+        self._waiter = None
+
     @property
     def complete(self) -> bool:
         return self._state == _DONE and not self.closed

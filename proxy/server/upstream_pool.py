@@ -70,6 +70,7 @@ class ConnectionPool:
 
     def release(self, link: UpstreamLink) -> None:
         assert isinstance(link, UpstreamConnection)
+        link.detach()
         if not (link.complete and link.reusable) or self._closed:
             link.close()
             return
@@ -80,6 +81,7 @@ class ConnectionPool:
 
     def close_link(self, link: UpstreamLink) -> None:
         assert isinstance(link, UpstreamConnection)
+        link.detach()
         link.close()
 
     def close(self) -> None:
