@@ -20,7 +20,7 @@ from proxy.core.dialects.chat import ABORT_REASON, ABORTED
 from proxy.core.dialects.errors import ErrorCode, cut, describe_error, error_message, is_error_object, text_message
 from proxy.core.lifecycle import Reason, status_for
 
-__all__ = ["BodyVerdict", "judge_body"]
+__all__ = ["TAIL_BYTES", "BodyVerdict", "judge_body", "usage_from_tail"]
 
 _USAGE_KEYS = {
     "chat_completions": ("prompt_tokens", "completion_tokens"),
@@ -30,6 +30,7 @@ _USAGE_KEYS = {
     "messages": ("input_tokens", "output_tokens"),
 }
 _NOT_JSON = object()
+TAIL_BYTES = 64 * 1024  # the end of a body too large to judge whole: where its `usage` object is
 _CHOICE_DIALECTS = frozenset({"chat_completions", "completions"})
 
 
@@ -158,3 +159,31 @@ def _reshape_error(
         message = text_message(body)
     reshaped = message or f"the upstream answered with HTTP {status}"
     return (status, dialect.error_body(status, reshaped, code or reason)), message
+
+
+def usage_from_tail(dialect: Dialect, tail: bytes) -> Usage | None:
+    """The `usage` object near the end of a 2xx body that was relayed without being read whole.
+
+    OpenAI-style bodies end with it (`..., "usage": {...}}`); it is found by its key and read as the
+    balanced object that follows. None when the tail holds no such object.
+    """
+    keys = _USAGE_KEYS.get(dialect.name)
+    at = tail.rfind(b'"usage"')
+    if keys is None or at < 0:
+        return None
+    start = tail.find(b"{", at)
+    if start < 0 or tail[at + 7 : start].strip(b" \t\r\n:"):
+        return None
+    depth = 0
+    for index in range(start, len(tail)):
+        byte = tail[index]
+        if byte == 0x7B:  # {
+            depth += 1
+        elif byte == 0x7D:  # }
+            depth -= 1
+            if depth == 0:
+                try:
+                    return usage_from(orjson.loads(tail[start : index + 1]), *keys)
+                except orjson.JSONDecodeError:
+                    return None
+    return None

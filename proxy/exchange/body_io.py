@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.core.body import judge_body
+from proxy.core.body import TAIL_BYTES, judge_body, usage_from_tail
 from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Lifecycle, Reason
@@ -25,7 +25,9 @@ from proxy.exchange.client_io import ClientWriter
 from proxy.exchange.interrupts import Interrupted, Interrupter
 from proxy.exchange.upstream import UpstreamHead
 
-__all__ = ["plain_verdict", "read_bounded", "respond_whole"]
+__all__ = ["JUDGE_PREFIX", "plain_verdict", "read_bounded", "respond_whole"]
+
+JUDGE_PREFIX = 4 * 1024 * 1024  # nginx relays a body through 4 MiB of buffers at most
 
 
 def _judged(method: str, head: UpstreamHead, dialect: Dialect) -> bool:
@@ -73,9 +75,14 @@ async def respond_whole(
     interrupter.watch(lambda: reader.interrupt(Interrupted()))
     prefix = b""
     verdict = plain_verdict(head.status)
-    if _judged(ex.method, head, dialect):
-        prefix, whole = await read_bounded(reader, max_body_size, idle_timeout)
-        if whole:  # a body beyond --max-body-size is passed on unjudged
+    checked = _judged(ex.method, head, dialect)
+    if checked:
+        # A batch's choices can only be counted whole (bounded by --max-body-size); everything else
+        # worth judging (an empty or null body, an error in a 2xx) is small, so a body past
+        # JUDGE_PREFIX is relayed as it comes, in bounded memory.
+        limit = max_body_size if dialect.name == "completions" else min(max_body_size, JUDGE_PREFIX)
+        prefix, whole = await read_bounded(reader, limit, idle_timeout)
+        if whole:
             judged = judge_body(dialect, info, head.status, head.headers.get("Content-Type"), prefix)
             verdict = Reason(judged.reason)
             ex.record_usage(judged.usage)
@@ -95,7 +102,12 @@ async def respond_whole(
                 response = await out.whole(head.status, prefix, headers, reason=head.reason or None, content_type=None)
             life.body_ended(verdict)
             return response
-    return await _copy_through(reader, head, out, life, ex, prefix, verdict, idle_timeout, interrupter)
+    tail = checked and 200 <= head.status < 300  # its usage is read from its end
+    copied = await _copy_through(reader, head, out, life, ex, prefix, idle_timeout, interrupter, keep_tail=tail)
+    if tail:
+        ex.record_usage(usage_from_tail(dialect, reader.tail))
+    life.body_ended(verdict)
+    return copied
 
 
 async def _copy_through(
@@ -105,14 +117,13 @@ async def _copy_through(
     life: Lifecycle,
     ex: ExchangeRecord,
     prefix: bytes,
-    verdict: Reason,
     idle: float,
     interrupter: Interrupter,
+    *,
+    keep_tail: bool,
 ) -> web.StreamResponse:
-    """Status, headers and body as the upstream sent them, `prefix` (already read) first.
-
-    `verdict` is the reason if the copy completes; a broken upstream or client raises instead.
-    """
+    """Status, headers and body as the upstream sent them, `prefix` (already read) first; a broken
+    upstream or client raises. With `keep_tail`, the reader keeps the body's last bytes."""
     headers = response_headers(head.headers, body_rewritten=False)
     headers["X-Request-Id"] = ex.request_id
     response = web.StreamResponse(status=head.status, reason=head.reason or None, headers=headers)
@@ -122,10 +133,11 @@ async def _copy_through(
     _cut_on_shutdown(interrupter, life, out)
     if prefix:
         await out.write(prefix)
+    if keep_tail:
+        reader.keep_tail(prefix, TAIL_BYTES)
     while piece := await reader.read(idle):
         await out.write(piece)
     await out.finish()
-    life.body_ended(verdict)
     return response
 
 

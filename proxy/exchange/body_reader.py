@@ -20,7 +20,8 @@ HIGH_WATER = 256 * 1024
 
 
 class BodyReader:
-    __slots__ = ("_eof", "_error", "_link", "_paused", "_pieces", "_size", "_waiter", "high_water")
+    __slots__ = ("_eof", "_error", "_link", "_paused", "_pieces", "_size", "_tail_bytes", "_waiter", "high_water",
+                 "tail")  # fmt: skip
 
     def __init__(self, link: UpstreamLink, high_water: int = HIGH_WATER) -> None:
         self._link = link
@@ -31,6 +32,8 @@ class BodyReader:
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         self.high_water = high_water
+        self.tail = b""  # the body's last bytes read, when asked to keep them
+        self._tail_bytes = 0
         link.attach(self)
 
     # ---- BodySink -----------------------------------------------------------------------------------
@@ -58,6 +61,11 @@ class BodyReader:
 
     # ---- the reading coroutine's side ---------------------------------------------------------------
 
+    def keep_tail(self, start: bytes, size: int) -> None:
+        """From now on `tail` holds the last `size` bytes read (`start`: what was read before)."""
+        self._tail_bytes = size
+        self.tail = start[-size:]
+
     @property
     def at_eof(self) -> bool:
         return self._eof and not self._pieces
@@ -81,7 +89,11 @@ class BodyReader:
         if self._paused:
             self._paused = False
             self._link.resume_reading()
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        if self._tail_bytes:
+            size = self._tail_bytes
+            self.tail = data[-size:] if len(data) >= size else (self.tail + data)[-size:]
+        return data
 
     def _wake(self) -> None:
         waiter = self._waiter

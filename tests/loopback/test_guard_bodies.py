@@ -263,3 +263,41 @@ async def test_sdks_on_a_first_byte_timeout(make_proxy: ProxyFactory) -> None:
                                          extra_headers={"x-fault": "late_headers;delay=30"})  # fmt: skip
     assert (oai.value.status_code, oai.value.type, oai.value.code) == (504, "timeout_error", "first_byte_timeout")
     assert (ant.value.status_code, ant.value.type) == (504, "timeout_error")
+
+
+# ---- a 2xx body too large to judge whole: relayed as it comes, its usage read from its end -------------
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+async def test_a_large_2xx_body_is_relayed_unjudged_and_its_usage_booked(
+    serve_upstream: Any, make_proxy: ProxyFactory, http: aiohttp.ClientSession, framing: str
+) -> None:
+    """An embeddings answer past the judged prefix (4 MiB) goes through byte for byte, in pieces, and
+    its `usage` (at the end of the body) still reaches the books."""
+    from aiohttp import web
+
+    vector = ",".join(["0.0123456789"] * 1024).encode()
+    items = b",".join(b'{"object":"embedding","index":%d,"embedding":[%s]}' % (i, vector) for i in range(600))
+    body = b'{"object":"list","data":[' + items + b'],"model":"m","usage":{"prompt_tokens":4321,"total_tokens":4321}}'
+    assert len(body) > 5 * 1024 * 1024
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        if framing == "length":
+            response.content_length = len(body)
+        await response.prepare(request)
+        for start in range(0, len(body), 256 * 1024):
+            await response.write(body[start : start + 256 * 1024])
+        await response.write_eof()
+        return response
+
+    proxy = await make_proxy(upstream=await serve_upstream(handler))
+    async with http.post(proxy.url + "/v1/embeddings", json={"model": "m", "input": ["a"]},
+                         headers={"X-Request-Id": f"large-{framing}"}) as resp:  # fmt: skip
+        assert resp.status == 200
+        assert await resp.read() == body
+    (line,) = [line for line in await proxy.settled() if line["request_id"] == f"large-{framing}"]
+    assert (line["outcome"], line["reason"]) == ("ok", "complete")
+    assert line["prompt_tokens"] == 4321
+    assert line["bytes_out"] == len(body)

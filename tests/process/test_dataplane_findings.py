@@ -273,7 +273,6 @@ def _embeddings_stream(total_mib: int) -> tuple[bytes, list[bytes], bytes]:
     return head, [start, *pieces], end
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 5: a whole upstream body is held before it is judged")
 async def test_a_large_upstream_body_is_relayed_in_bounded_memory(http: aiohttp.ClientSession) -> None:
     head, pieces, end = _embeddings_stream(48)
 

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.core.body import BodyVerdict, judge_body
+from proxy.core.body import BodyVerdict, judge_body, usage_from_tail
 from proxy.core.dialects import DIALECTS, RequestInfo, Usage
 
 JSON = "application/json"
@@ -347,3 +347,24 @@ def test_other_passes_everything_untouched(body: bytes) -> None:
 @pytest.mark.parametrize("status", [101, 204, 301, 304])
 def test_non_2xx_success_statuses_pass(status: int) -> None:
     assert judge("chat_completions", status, b"") == BodyVerdict("ok", "complete", None, None)
+
+
+# ---- the usage of a body relayed without being read whole ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("api", "tail", "expected"),
+    [
+        ("embeddings", b'0.2]}],"model":"m","usage": {"prompt_tokens":12,"total_tokens":12}}', (12, None)),
+        ("chat_completions", b'"usage":{"prompt_tokens":3,"completion_tokens":4,'
+                             b'"prompt_tokens_details":{"cached_tokens":1}}}', (3, 4)),
+        ("messages", b'"usage":{"input_tokens":5,"output_tokens":6}}', (5, 6)),
+        ("embeddings", b'0.1,0.2]}],"model":"m"}', None),  # no usage at all
+        ("embeddings", b'"usage":{"prompt_tokens":12,"total', None),  # cut inside it
+        ("other", b'"usage":{"prompt_tokens":1}}', None),  # a dialect without usage
+    ],
+)
+def test_usage_from_tail(api: str, tail: bytes, expected: tuple[int | None, int | None] | None) -> None:
+    usage = usage_from_tail(DIALECTS[api], tail)
+    got = (usage.prompt_tokens, usage.completion_tokens) if usage is not None else None
+    assert got == expected
