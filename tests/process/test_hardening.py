@@ -259,10 +259,13 @@ async def test_idle_slow_header_and_slow_body_connections_are_closed(main_proxy:
     for _, writer in idle + slowloris + slow_body:
         writer.close()
     await until(lambda: main_proxy.fds() <= baseline)
-    body_timeouts = [line for line in main_proxy.lines() if line["reason"] == "client_timeout"
-                     and line["api"] == "chat_completions"]
-    assert len(body_timeouts) >= 20
-    assert {line["status"] for line in body_timeouts} == {408}
+
+    def body_timeouts() -> list[dict[str, Any]]:
+        return [line for line in main_proxy.lines() if line["reason"] == "client_timeout"
+                and line["api"] == "chat_completions"]
+
+    await until(lambda: len(body_timeouts()) >= 20)  # (the log is read from the process's stderr as it comes)
+    assert {line["status"] for line in body_timeouts()} == {408}
 
 
 async def test_an_idle_keepalive_connection_is_closed(main_proxy: ServeProcess) -> None:
