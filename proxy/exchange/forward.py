@@ -126,7 +126,8 @@ async def _exchange(request: web.BaseRequest, state: ProxyState, flight: _Flight
     flight.interrupter.watch(lambda: content.set_exception(Interrupted()))
     body = await read_body(request, cfg, state.body_budget, ex)
     info = flight.info = inspect_request(
-        dialect, body, request.headers.get("Content-Encoding"), min(cfg.max_body_size, INFLATE_LIMIT)
+        dialect, body, request.headers.get("Content-Encoding"), min(cfg.max_body_size, INFLATE_LIMIT),
+        parse_limit=INFLATE_LIMIT,
     )
     ex.model, ex.stream = info.model, info.stream
     headers = upstream_headers(request, state, dialect, ex)

@@ -26,12 +26,18 @@ from proxy.exchange.state import ProxyState
 __all__ = ["INFLATE_LIMIT", "read_body", "upstream_headers", "upstream_target"]
 
 # A compressed body is inflated (a copy, for its model and stream flags) up to this size: inflating
-# blocks the event loop, and a small gzip can hold gigabytes. A larger one is forwarded unnoted.
+# blocks the event loop, and a small gzip can hold gigabytes. A larger one is forwarded unnoted. A
+# plain body past it is not parsed either (the parse would hold a second copy of it): its model and
+# stream flag are found by a scan of its ends.
 INFLATE_LIMIT = 8 * 1024 * 1024
 _OVERLOADED = "the proxy is holding too many request bodies; retry later"
 
 
-async def read_body(request: web.BaseRequest, cfg: Config, budget: BodyBudget, ex: ExchangeRecord) -> bytes:
+async def read_body(
+    request: web.BaseRequest, cfg: Config, budget: BodyBudget, ex: ExchangeRecord
+) -> bytes | bytearray:
+    """The whole body, as it came on the wire. One copy of it is held: a body of announced length is
+    read into one buffer of that size, piece by piece, not joined from a list at the end."""
     if (framing := framing_error(request.version, request.headers.get("Transfer-Encoding"))) is not None:
         raise Refusal(Reason.BAD_REQUEST, framing)
     limit, announced = cfg.max_body_size, request.content_length
@@ -44,6 +50,7 @@ async def read_body(request: web.BaseRequest, cfg: Config, budget: BodyBudget, e
         # The proxy answers it (the upstream is sent the whole body): now, as the body is wanted.
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0
+    buffer = bytearray(announced) if announced else None
     chunks: list[bytes] = []
     size = 0
     content = request.content
@@ -57,7 +64,11 @@ async def read_body(request: web.BaseRequest, cfg: Config, budget: BodyBudget, e
                 message = f"the request body stopped arriving for {cfg.client_body_timeout:g} s"
                 raise Refusal(Reason.CLIENT_TIMEOUT, message) from None
         if not chunk:
-            return b"".join(chunks)
+            break
+        if buffer is not None and size + len(chunk) <= len(buffer):
+            buffer[size : size + len(chunk)] = chunk
+            size += len(chunk)
+            continue
         size += len(chunk)
         if size > limit:
             raise Refusal(Reason.BODY_TOO_LARGE, f"request body exceeds the limit of {limit} bytes")
@@ -66,6 +77,9 @@ async def read_body(request: web.BaseRequest, cfg: Config, budget: BodyBudget, e
                 raise Refusal(Reason.PROXY_OVERLOADED, _OVERLOADED, headers={"Retry-After": "1"})
             ex.body_reserved += len(chunk)
         chunks.append(chunk)
+    if buffer is not None:
+        return buffer if size == len(buffer) else bytes(buffer[:size])
+    return b"".join(chunks)
 
 
 def upstream_target(request: web.BaseRequest) -> str:

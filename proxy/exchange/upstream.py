@@ -57,7 +57,7 @@ class UpstreamLink(Protocol):
 
 class UpstreamPool(Protocol):
     async def request(
-        self, method: str, target: str, headers: CIMultiDict[str], body: bytes | None
+        self, method: str, target: str, headers: CIMultiDict[str], body: bytes | bytearray | None
     ) -> tuple[UpstreamLink, UpstreamHead]:
         """Send a request on a pooled or new connection; wait for the response head.
 

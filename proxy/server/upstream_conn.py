@@ -40,7 +40,9 @@ class _Stray(Exception):
     """A second response began behind the first: nobody asked for it."""
 
 
-def encode_request(method: str, target: str, host: str, headers: CIMultiDict[str], body: bytes | None) -> bytes:
+def encode_request(
+    method: str, target: str, host: str, headers: CIMultiDict[str], body: bytes | bytearray | None
+) -> bytes:
     """The request head, `Host` first and `Content-Length` when there is a body."""
     lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"]
     lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
@@ -81,7 +83,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     # ---- what the pool and the exchange call ------------------------------------------------------
 
-    def send(self, request: bytes, body: bytes | None, *, head_only: bool) -> asyncio.Future[UpstreamHead]:
+    def send(self, request: bytes, body: bytes | bytearray | None, *, head_only: bool) -> asyncio.Future[UpstreamHead]:
         """Write one request; the future resolves with the response head (or an `UpstreamFailure`)."""
         assert self.transport is not None
         assert self._state in (_IDLE, _DONE)

@@ -57,7 +57,7 @@ class ConnectionPool:
         return len(self._all) + self._opening
 
     async def request(
-        self, method: str, target: str, headers: CIMultiDict[str], body: bytes | None
+        self, method: str, target: str, headers: CIMultiDict[str], body: bytes | bytearray | None
     ) -> tuple[UpstreamLink, UpstreamHead]:
         connection = await self._acquire()
         head = encode_request(method, self._prefix + target, self._host_header, headers, body)

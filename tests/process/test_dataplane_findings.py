@@ -332,7 +332,6 @@ async def test_idle_timeout_is_a_gap_not_a_total_for_a_whole_body(http: aiohttp.
 # --- 6. the body budget bounds memory, not only the bytes counted ------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 finding 6: each buffered request body is held in about three copies")
 async def test_the_body_budget_bounds_the_memory_of_request_bodies(
     fake: FakeProcess, http: aiohttp.ClientSession
 ) -> None:

@@ -215,3 +215,22 @@ def test_inspect_request_counts_completions_prompts(prompt: object, prompts: int
 def test_prompts_only_counted_for_completions() -> None:
     body = orjson.dumps({"prompt": ["a", "b"]})
     assert inspect_request(DIALECTS["chat_completions"], body).prompts == 1
+
+
+# ---- a request body too large to parse: model and stream from a scan of its ends ----------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "model", "stream"),
+    [
+        (b'{"model":"big-m","stream":true,"input":"' + b"x" * 200_000 + b'"}', "big-m", True),
+        (b'{"input":"' + b"x" * 200_000 + b'","model":"tail-m","stream":false}', "tail-m", False),
+        (b'{"model":"esc\\"aped","input":"' + b"x" * 200_000 + b'"}', 'esc"aped', False),
+        (b'{"input":"' + b"x" * 200_000 + b'"}', None, False),
+        (b"\x00\xff" * 100_000, None, False),  # not JSON at all: the defaults, no exception
+    ],
+)
+def test_a_body_past_the_parse_limit_is_scanned(body: bytes, model: str | None, stream: bool) -> None:
+    info = inspect_request(DIALECTS["embeddings"], body, parse_limit=100_000)
+    assert (info.model, info.stream, info.n, info.prompts) == (model, stream, 1, 1)
+    assert inspect_request(DIALECTS["embeddings"], bytearray(body), parse_limit=100_000) == info

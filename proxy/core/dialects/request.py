@@ -6,6 +6,7 @@ must never fail: anything unexpected falls back to the defaults.
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ def _prompt_count(prompt: object) -> int:
 _WBITS = {"gzip": 47, "x-gzip": 47, "deflate": 47}
 
 
-def inflated_copy(body: bytes, encoding: str, limit: int) -> bytes | None:
+def inflated_copy(body: bytes | bytearray, encoding: str, limit: int) -> bytes | None:
     """A compressed body's JSON for inspection only, never more than `limit` bytes; None if unreadable.
 
     The body itself goes upstream as it came; a decompression bomb costs at most `limit` here.
@@ -54,9 +55,36 @@ def inflated_copy(body: bytes, encoding: str, limit: int) -> bytes | None:
     return None
 
 
-def inspect_request(dialect: Dialect, body: bytes, encoding: str | None = None, limit: int = 0) -> RequestInfo:
-    """One parse at most; never raises. A body in `encoding` is inflated (at most `limit` bytes) first."""
+# A body too large to parse (a parse holds a second copy of every string in it) is scanned for its
+# `model` and `stream` at its two ends, where clients put them; its batch shape stays the default.
+SCAN_BYTES = 64 * 1024
+_MODEL = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){0,1024})"')
+_STREAM = re.compile(rb'"stream"\s*:\s*(true|false)')
+
+
+def _scanned(body: bytes | bytearray) -> RequestInfo:
     info = RequestInfo()
+    for end in (body[:SCAN_BYTES], body[-SCAN_BYTES:]):
+        if info.model is None and (found := _MODEL.search(end)) is not None:
+            try:
+                model = orjson.loads(b'"' + found.group(1) + b'"')
+            except orjson.JSONDecodeError:
+                model = None
+            info.model = model if isinstance(model, str) else None
+        if (stream := _STREAM.search(end)) is not None:
+            info.stream = stream.group(1) == b"true"
+    return info
+
+
+def inspect_request(
+    dialect: Dialect, body: bytes | bytearray, encoding: str | None = None, limit: int = 0,
+    *, parse_limit: int | None = None,
+) -> RequestInfo:
+    """One parse at most; never raises. A body in `encoding` is inflated (at most `limit` bytes) first;
+    a plain one larger than `parse_limit` is scanned instead of parsed."""
+    info = RequestInfo()
+    if parse_limit is not None and len(body) > parse_limit and (encoding or "identity").strip().lower() == "identity":
+        return _scanned(body)
     if encoding and encoding.strip().lower() != "identity":
         inflated = inflated_copy(body, encoding, limit)
         if inflated is None:
