@@ -13,15 +13,13 @@ byte: a client that leaves during it is an abort (`whole_body`), and shutdown du
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from proxy.core.body import TAIL_BYTES, judge_body, usage_from_tail
 from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Lifecycle, Reason
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.body_reader import BodyReader
-from proxy.exchange.client_io import ClientWriter
+from proxy.exchange.client_io import ClientWriter, ResponseHead
 from proxy.exchange.interrupts import Interrupted, Interrupter
 from proxy.exchange.upstream import UpstreamHead
 
@@ -71,7 +69,7 @@ async def respond_whole(
     *,
     max_body_size: int,
     idle_timeout: float,
-) -> web.StreamResponse:
+) -> None:
     interrupter.watch(lambda: reader.interrupt(Interrupted()))
     prefix = b""
     verdict = plain_verdict(head.status)
@@ -92,22 +90,21 @@ async def respond_whole(
                 status, body = judged.replacement
                 headers = response_headers(head.headers, body_rewritten=True)
                 headers["X-Request-Id"] = ex.request_id
-                response = await out.whole(status, body, headers)
+                await out.whole(status, body, headers)
             else:
                 # Read whole and judged good (or passed as the upstream's own error): headers and
                 # body in one go, rather than a copy in pieces.
                 headers = response_headers(head.headers, body_rewritten=False)
                 headers.popall("Content-Length", None)
                 headers["X-Request-Id"] = ex.request_id
-                response = await out.whole(head.status, prefix, headers, reason=head.reason or None, content_type=None)
+                await out.whole(head.status, prefix, headers, reason=head.reason or None, content_type=None)
             life.body_ended(verdict)
-            return response
+            return
     tail = checked and 200 <= head.status < 300  # its usage is read from its end
-    copied = await _copy_through(reader, head, out, life, ex, prefix, idle_timeout, interrupter, keep_tail=tail)
+    await _copy_through(reader, head, out, life, ex, prefix, idle_timeout, interrupter, keep_tail=tail)
     if tail:
         ex.record_usage(usage_from_tail(dialect, reader.tail))
     life.body_ended(verdict)
-    return copied
 
 
 async def _copy_through(
@@ -121,15 +118,12 @@ async def _copy_through(
     interrupter: Interrupter,
     *,
     keep_tail: bool,
-) -> web.StreamResponse:
+) -> None:
     """Status, headers and body as the upstream sent them, `prefix` (already read) first; a broken
     upstream or client raises. With `keep_tail`, the reader keeps the body's last bytes."""
     headers = response_headers(head.headers, body_rewritten=False)
     headers["X-Request-Id"] = ex.request_id
-    response = web.StreamResponse(status=head.status, reason=head.reason or None, headers=headers)
-    if head.content_length is not None:
-        response.content_length = head.content_length
-    await out.commit(response)
+    await out.commit(ResponseHead(head.status, headers, reason=head.reason or None, content_length=head.content_length))
     _cut_on_shutdown(interrupter, life, out)
     if prefix:
         await out.write(prefix)
@@ -138,7 +132,6 @@ async def _copy_through(
     while piece := await reader.read(idle):
         await out.write(piece)
     await out.finish()
-    return response
 
 
 def _cut_on_shutdown(interrupter: Interrupter, life: Lifecycle, out: ClientWriter) -> None:

@@ -1,10 +1,12 @@
-"""Writing to the client: commit the status line once, count bytes, and notice a client that stalls.
+"""Writing to the client: the status line once, the body framed as it must be, bytes counted, and a
+client that stalls noticed.
 
-Two ways to write. A stream's relay writes from the upstream's callbacks with `write_raw` (framed
-as the response needs, one `transport.write` each) and hears the transport's flow-control events
-through `on_flow`. Everything else goes through aiohttp's response writer, whose waits for the
-client to drain are bounded by --client-stall-timeout, after which the client counts as gone
-(`ClientStalled`). A write that finds the socket closed raises `ConnectionError`.
+Each response is written straight to the connection's transport: its head (status line, headers and
+the framing: `Content-Length`, chunked, or the close), then its body. A stream's relay writes from
+the upstream's callbacks with `write_raw` (one `transport.write` each) and hears the transport's
+flow-control events through `on_flow`; the handler's writes wait for the client to drain only when
+the transport is above its high-water mark, and at most --client-stall-timeout, after which the
+client counts as gone (`ClientStalled`). A write to a closed connection raises `ConnectionError`.
 
 A whole response (the proxy's own error JSON, or an upstream body read whole) is written here, to
 its last byte, before the exchange is booked: a client that leaves during it is an abort, not `ok`.
@@ -13,137 +15,210 @@ its last byte, before the exchange is booked: a client that leaves during it is 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Protocol, cast
-
-from aiohttp import web
-from multidict import CIMultiDict
+import time
+from collections.abc import Callable, Mapping
+from email.utils import formatdate
+from http import HTTPStatus
 
 from proxy.core.lifecycle import Lifecycle
 from proxy.core.record import ExchangeRecord
+from proxy.exchange.client import ClientRequest
 
-__all__ = ["ClientStalled", "ClientWriter", "FlowHooks"]
+__all__ = ["ClientGone", "ClientStalled", "ClientWriter", "ResponseHead"]
 
 _Hook = Callable[[], None]
-_HEAD_ROOM = 8192  # a status line and headers
+_NO_BODY = frozenset({204, 304})
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+_date: tuple[int, bytes] = (0, b"")
 
 
 class ClientStalled(Exception):
     """The client stopped reading for longer than --client-stall-timeout."""
 
 
-class FlowHooks(Protocol):
-    """The main port's connection protocol calls these from its pause_writing/resume_writing."""
+class ClientGone(ConnectionResetError):
+    """The client's connection is closed."""
 
-    flow_hooks: tuple[_Hook, _Hook] | None
-    writing_paused: bool
+
+class ResponseHead:
+    __slots__ = ("content_length", "headers", "reason", "status")
+
+    def __init__(
+        self, status: int, headers: Mapping[str, str], *, reason: str | None = None, content_length: int | None = None
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.content_length = content_length
+
+
+def _http_date() -> bytes:
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, formatdate(now, usegmt=True).encode())
+    return _date[1]
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
 
 
 class ClientWriter:
-    __slots__ = ("_chunked", "ex", "life", "request", "response", "stall_timeout")
+    __slots__ = ("_chunked", "_closing", "ex", "life", "request", "response", "stall_timeout")
 
-    def __init__(self, request: web.BaseRequest, ex: ExchangeRecord, life: Lifecycle, stall_timeout: float) -> None:
+    def __init__(self, request: ClientRequest, ex: ExchangeRecord, life: Lifecycle, stall_timeout: float) -> None:
         self.request = request
         self.ex = ex
         self.life = life
         self.stall_timeout = stall_timeout
-        self.response: web.StreamResponse | None = None
+        self.response: ResponseHead | None = None
         self._chunked = False
+        self._closing = not request.keep_alive  # the connection closes after this response
 
-    async def commit(self, response: web.StreamResponse) -> None:
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    # ---- the head ---------------------------------------------------------------------------------
+
+    def _head(self, head: ResponseHead, *, length: int | None, close: bool) -> bytes:
+        """The status line and headers; the framing is this writer's to choose."""
+        request = self.request
+        status = head.status
+        body_allowed = status not in _NO_BODY and not 100 <= status < 200
+        if close:
+            self._closing = True
+        lines = [f"HTTP/1.1 {status} {head.reason or _phrase(status)}\r\n"]
+        lines.extend(f"{name}: {value}\r\n" for name, value in head.headers.items() if name.lower() not in _FRAMING)
+        self._chunked = False
+        if not body_allowed:
+            pass
+        elif request.method == "HEAD":
+            if length is not None:
+                lines.append(f"Content-Length: {length}\r\n")  # what a GET would have had
+        elif length is not None:
+            lines.append(f"Content-Length: {length}\r\n")
+        elif request.version >= (1, 1):
+            lines.append("Transfer-Encoding: chunked\r\n")
+            self._chunked = True
+        else:
+            self._closing = True  # HTTP/1.0 without a length: the close ends the body
+        if self._closing:
+            lines.append("Connection: close\r\n")
+        elif request.version < (1, 1):
+            lines.append("Connection: keep-alive\r\n")
+        raw = "".join(lines).encode("utf-8", "surrogateescape")
+        if "Date" in head.headers:
+            return raw + b"\r\n"
+        return raw + b"Date: " + _http_date() + b"\r\n\r\n"
+
+    def _body_allowed(self) -> bool:
+        response = self.response
+        return response is not None and self.request.method != "HEAD" and response.status not in _NO_BODY
+
+    # ---- writing ----------------------------------------------------------------------------------
+
+    async def commit(self, head: ResponseHead, *, close: bool = False) -> None:
         """Send the status line and headers (once)."""
-        if self.response is None:
-            self.response = response
-            self.ex.status = response.status
-            self.life.committed_now()
-            await self._guarded(response.prepare(self.request))
-            self._chunked = "chunked" in response.headers.get("Transfer-Encoding", "").lower()
+        if self.response is not None:
+            return
+        self.response = head
+        self.ex.status = head.status
+        self.life.committed_now()
+        self._send(self._head(head, length=head.content_length, close=close))
+        await self._drained()
 
     async def write(self, data: bytes) -> None:
-        response = self.response
-        assert response is not None, "commit first"
-        await self._guarded(response.write(data), len(data))
+        assert self.response is not None, "commit first"
+        if not self.write_raw(data):
+            raise ClientGone("the client closed the connection")
         self.ex.bytes_out += len(data)
+        await self._drained()
 
     def write_raw(self, data: bytes) -> bool:
-        transport = self.request.transport
+        """Write `data` as the next piece of the body, framed; False when the client is gone."""
+        transport = self.request.channel.transport
         if transport is None or transport.is_closing():
             return False
+        if not self._body_allowed():
+            return True
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         return True
 
     def on_flow(self, paused: object, drained: object) -> None:
-        protocol = cast(FlowHooks, self.request.protocol)
-        protocol.flow_hooks = (cast(_Hook, paused), cast(_Hook, drained))
-        if protocol.writing_paused:
-            cast(_Hook, paused)()
+        channel = self.request.channel
+        channel.flow_hooks = (paused, drained)  # type: ignore[assignment]
+        if channel.writing_paused:
+            paused()  # type: ignore[operator]
 
     def release_flow(self) -> None:
-        protocol = cast(FlowHooks, self.request.protocol)
-        if getattr(protocol, "flow_hooks", None) is not None:
-            protocol.flow_hooks = None
+        self.request.channel.flow_hooks = None
 
     async def finish(self) -> None:
         """The body is complete: its end goes out (the last chunk), and the client takes it in."""
-        assert self.response is not None
-        await self._guarded(self.response.write_eof())
+        if self._chunked and self._body_allowed():
+            self._send(b"0\r\n\r\n")
+        await self._drained()
 
     async def whole(
         self,
         status: int,
         body: bytes,
-        headers: CIMultiDict[str] | dict[str, str],
+        headers: Mapping[str, str],
         *,
         reason: str | None = None,
         content_type: str | None = "application/json",
         close: bool = False,
-    ) -> web.Response:
+    ) -> ResponseHead:
         """A whole response (nothing was committed before it), written to its end.
 
         The proxy's own error JSON, or an upstream body read whole (`content_type=None`: its own
         headers say what it is). `close`: the connection closes after it.
         """
-        response = web.Response(status=status, reason=reason, body=body, content_type=content_type, headers=headers)
-        if close:
-            response.force_close()
-        self.response = response
+        if content_type is not None:
+            headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+            headers["Content-Type"] = content_type
+        head = self.response = ResponseHead(status, headers, reason=reason)
         self.ex.status = status
         self.life.committed_now()
-        await self._guarded(response.prepare(self.request))
-        await self._guarded(response.write_eof(), len(body))
+        data = self._head(head, length=len(body), close=close)
+        self._send(data + body if self._body_allowed() else data)
+        await self._drained()
         self.ex.bytes_out = len(body)
-        return response
+        return head
 
     def close_now(self) -> None:
         """Close the connection once what was written has gone, without reading the rest of the request
-        body first (aiohttp's lingering read): for a client that stopped sending it, or at shutdown."""
-        protocol = self.request.protocol
-        if protocol is not None:
-            protocol.force_close()
+        body first: for a client that stopped sending it, or at shutdown."""
+        self._closing = True
+        self.request.channel.close_now()
 
-    async def _guarded(self, operation: Awaitable[object], size: int = 0) -> None:
-        if self._has_room(size):
-            await operation  # it cannot wait for the client: no timer needed
-            return
-        try:
-            async with asyncio.timeout(self.stall_timeout):
-                await operation
-        except TimeoutError:
-            raise ClientStalled from None
-
-    def _has_room(self, size: int) -> bool:
-        """Writing `size` more bytes (and a head) cannot wait: the transport is below its high-water
-        mark and stays below it, so aiohttp's drain returns at once."""
-        transport = self.request.transport
-        if transport is None:
-            return True  # the write will raise on its own
-        if cast(FlowHooks, self.request.protocol).writing_paused:
-            return False
-        return transport.get_write_buffer_size() + size + _HEAD_ROOM <= transport.get_write_buffer_limits()[1]
-
-    def cut(self) -> web.StreamResponse:
+    def cut(self) -> None:
         """Drop the client connection without another byte (no second HTTP response in the body)."""
-        transport = self.request.transport
+        self._closing = True
+        transport = self.request.channel.transport
         if transport is not None:
             transport.abort()
-        return self.response or web.StreamResponse()
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        transport = self.request.channel.transport
+        if transport is None or transport.is_closing():
+            raise ClientGone("the client closed the connection")
+        transport.write(data)
+
+    async def _drained(self) -> None:
+        """Until the client has taken in what was written (down to the transport's low-water mark)."""
+        channel = self.request.channel
+        if not channel.writing_paused:
+            return  # nothing to wait for: no timer
+        try:
+            async with asyncio.timeout(self.stall_timeout):
+                await channel.drain()
+        except TimeoutError:
+            raise ClientStalled from None

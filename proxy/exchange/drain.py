@@ -1,7 +1,7 @@
 """`--on-abandon drain`: after the client left, read the upstream's answer to its end for its usage.
 
 For operators who must bill every token. It runs as its own kept-referenced task, so that the
-handler (cancelled by aiohttp when its client leaves) simply unwinds; the drain owns the upstream
+handler (cancelled by its connection when the client leaves) simply unwinds; the drain owns the upstream
 connection, is still bounded by --first-byte-timeout and --idle-timeout, writes nothing anywhere,
 closes the upstream and then writes the exchange's books. The outcome stays `aborted`. Cancelling
 is the default and the cheaper choice.

@@ -2,7 +2,7 @@
 
 The verdict is the lifecycle's (`proxy/core/lifecycle.py`); this module only notices what happened (a
 refusal, an upstream failure, shutdown's `Interrupted`, a client write that failed, the client's
-departure, which aiohttp reports by cancelling this handler) and carries out the answer: a whole
+departure, which its connection reports by cancelling this task) and carries out the answer: a whole
 error response, the stream's error frame, a cut connection, a drain. The upstream response lives
 in the handler's one `try/finally`, which closes it unless it was read to its end, so a failure or a
 departed client never leaves a half-read connection in the pool.
@@ -15,14 +15,13 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from proxy.core.dialects import Dialect, RequestInfo, for_request, inspect_request
 from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.body_io import respond_whole
 from proxy.exchange.body_reader import BodyReader
+from proxy.exchange.client import ClientRequest
 from proxy.exchange.client_io import ClientStalled, ClientWriter
 from proxy.exchange.drain import drain
 from proxy.exchange.failures import Refusal, UpstreamFailure, first_byte_timeout
@@ -66,7 +65,7 @@ class _Flight:
     handed_over: bool = False  # a drain task owns the upstream and the books from here on
 
 
-async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamResponse:
+async def handle(request: ClientRequest, state: ProxyState) -> None:
     cfg = state.config
     dialect = for_request(request.method, request.path)
     sent_id = request.headers.get(_REQUEST_ID)
@@ -92,11 +91,11 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
     except ClientStalled:
         life.client_stalled()
         return flight.out.cut()
-    except ConnectionError:  # a write found the client's socket closed before aiohttp noticed the close
+    except ConnectionError:  # a write found the client's socket closed before its close was noticed
         life.client_gone()
         return flight.out.cut()
     except asyncio.CancelledError:
-        # The client left (aiohttp cancels the handler), or shutdown's final cleanup cut this one.
+        # The client left (its connection cancels this task), or shutdown's final cleanup cut this one.
         answer = life.interrupted() if flight.interrupter.fired else life.client_gone()
         if answer is not None and answer.drain:
             _hand_over_to_drain(state, flight)
@@ -119,7 +118,7 @@ async def handle(request: web.BaseRequest, state: ProxyState) -> web.StreamRespo
             state.cancel_hooks.fire(ex, request.headers)  # --cancel-hook: after a cancelled upstream
 
 
-async def _exchange(request: web.BaseRequest, state: ProxyState, flight: _Flight) -> web.StreamResponse:
+async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) -> None:
     cfg, ex, life, dialect = state.config, flight.ex, flight.life, flight.dialect
     target = upstream_target(request)
     content = request.content
@@ -170,40 +169,41 @@ async def _exchange(request: web.BaseRequest, state: ProxyState, flight: _Flight
 
 async def _tell(
     flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None, *, close: bool = False
-) -> web.StreamResponse:
+) -> None:
     """Carry out an ending's reply outside a stream: a whole error response, or a cut."""
     if answer is None or answer.reply is Reply.CUT or flight.life.committed:
-        return flight.out.cut()
+        flight.out.cut()
+        return
     body = flight.dialect.error_body(answer.status, message, answer.reason)
     try:
-        response = await flight.out.whole(
-            answer.status, body, {_REQUEST_ID: flight.ex.request_id, **(headers or {})}, close=close
-        )
+        await flight.out.whole(answer.status, body, {_REQUEST_ID: flight.ex.request_id, **(headers or {})}, close=close)
     except (ClientStalled, ConnectionError):  # the verdict stands; the client simply did not take it
-        return flight.out.cut()
+        flight.out.cut()
+        return
     if answer.reason in _CLOSE_AT_ONCE:
         flight.out.close_now()
-    return response
 
 
-async def _tell_bug(flight: _Flight, answer: Answer | None) -> web.StreamResponse:
+async def _tell_bug(flight: _Flight, answer: Answer | None) -> None:
     """A bug of ours: a 500 in the dialect's shape, an error frame in a stream, else a cut; never a traceback."""
     guard, out = flight.guard, flight.out
     if guard is not None and answer is not None and answer.reply is not Reply.CUT:
         try:
             step = guard.fail(Reason.PROXY_ERROR)
         except Exception:  # the guard itself is what broke
-            return out.cut()
+            out.cut()
+            return
         if step.failure is not None and not flight.life.committed:
             failure = step.failure
-            return await out.whole(failure.status, failure.body, {_REQUEST_ID: flight.ex.request_id, **failure.headers})
+            await out.whole(failure.status, failure.body, {_REQUEST_ID: flight.ex.request_id, **failure.headers})
+            return
         if step.data and flight.life.committed:
             await out.write(step.data)
             await out.finish()
-            assert out.response is not None
-            return out.response
-        return out.cut()
-    return await _tell(flight, answer, "the proxy failed to handle the request")
+            return
+        out.cut()
+        return
+    await _tell(flight, answer, "the proxy failed to handle the request")
 
 
 def _release_upstream(state: ProxyState, flight: _Flight) -> None:

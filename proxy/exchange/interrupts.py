@@ -1,7 +1,7 @@
 """Shutdown reaching an exchange as an event inside the wait it is in, not as a cancel.
 
 The server cannot know what a running exchange waits on; the exchange tells its `Interrupter` (the
-client's body, read through aiohttp's `StreamReader`; an upstream body, read through a
+client's body, a `ClientBody`; an upstream body, read through a
 `BodyReader`; a stream relay, which takes it as an event; the wait for the upstream's headers,
 under its first-byte deadline) and `fire` wakes that wait: a reader raises `Interrupted`, a relay
 ends its stream, a deadline is moved to now. The exchange turns each into its lifecycle's

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.config import Config
@@ -20,6 +19,7 @@ from proxy.core.lifecycle import Reason
 from proxy.core.record import ExchangeRecord
 from proxy.core.target import BadTarget, forwarded_target
 from proxy.exchange.body_budget import BodyBudget
+from proxy.exchange.client import ClientRequest
 from proxy.exchange.failures import Refusal
 from proxy.exchange.state import ProxyState
 
@@ -34,7 +34,7 @@ _OVERLOADED = "the proxy is holding too many request bodies; retry later"
 
 
 async def read_body(
-    request: web.BaseRequest, cfg: Config, budget: BodyBudget, ex: ExchangeRecord
+    request: ClientRequest, cfg: Config, budget: BodyBudget, ex: ExchangeRecord
 ) -> bytes | bytearray:
     """The whole body, as it came on the wire. One copy of it is held: a body of announced length is
     read into one buffer of that size, piece by piece, not joined from a list at the end."""
@@ -48,8 +48,9 @@ async def read_body(
     ex.body_reserved = announced or 0
     if request.headers.get("Expect", "").lower() == "100-continue" and request.version >= (1, 1):
         # The proxy answers it (the upstream is sent the whole body): now, as the body is wanted.
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0
+        transport = request.channel.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     buffer = bytearray(announced) if announced else None
     chunks: list[bytes] = []
     size = 0
@@ -82,7 +83,7 @@ async def read_body(
     return b"".join(chunks)
 
 
-def upstream_target(request: web.BaseRequest) -> str:
+def upstream_target(request: ClientRequest) -> str:
     """The client's path and query, to go after the upstream's base path; never another host."""
     try:
         return forwarded_target(request.raw_path)
@@ -91,7 +92,7 @@ def upstream_target(request: web.BaseRequest) -> str:
 
 
 def upstream_headers(
-    request: web.BaseRequest, state: ProxyState, dialect: Dialect, ex: ExchangeRecord
+    request: ClientRequest, state: ProxyState, dialect: Dialect, ex: ExchangeRecord
 ) -> CIMultiDict[str]:
     headers = request_headers(
         request.headers,

@@ -27,7 +27,7 @@ class ProxyState:
     config: Config
     metrics: Metrics
     books: Books
-    session: aiohttp.ClientSession | None = None  # the admin port's health check and --cancel-hook calls
+    session: aiohttp.ClientSession | None = None  # the admin port's health check
     pool: UpstreamPool | None = None  # the exchanges' upstream connections
     upstream_base: str = ""  # the upstream URL without credentials
     upstream_authorization: str | None = None  # from credentials in --upstream, for clients that send none

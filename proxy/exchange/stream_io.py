@@ -9,14 +9,12 @@ response into the body: a failure ends in the guard's error frame.
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from proxy.config import Config
 from proxy.core.guard import StreamGuard
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Lifecycle
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.client_io import ClientStalled, ClientWriter
+from proxy.exchange.client_io import ClientGone, ClientStalled, ClientWriter, ResponseHead
 from proxy.exchange.interrupts import Interrupter
 from proxy.exchange.stream_relay import KEEPALIVE, Need, StreamRelay, count_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink
@@ -34,13 +32,13 @@ def is_stream(head: UpstreamHead) -> bool:
     )
 
 
-def stream_response(head: UpstreamHead, request_id: str) -> web.StreamResponse:
+def stream_response(head: UpstreamHead, request_id: str) -> ResponseHead:
     headers = response_headers(head.headers, body_rewritten=False)
     headers.popall("Content-Length", None)
     headers["Cache-Control"] = "no-cache"
     headers["X-Accel-Buffering"] = "no"
     headers["X-Request-Id"] = request_id
-    return web.StreamResponse(status=head.status, reason=head.reason or None, headers=headers)
+    return ResponseHead(head.status, headers, reason=head.reason or None)
 
 
 async def relay_stream(
@@ -52,8 +50,8 @@ async def relay_stream(
     ex: ExchangeRecord,
     cfg: Config,
     interrupter: Interrupter,
-) -> web.StreamResponse:
-    """Relay the stream until the guard or the lifecycle ends it; returns the response to give aiohttp."""
+) -> None:
+    """Relay the stream until the guard or the lifecycle ends it."""
     response = stream_response(head, ex.request_id)
     if cfg.hold_headers <= 0:
         await out.commit(response)
@@ -68,16 +66,17 @@ async def relay_stream(
                 relay.committed(out)
             elif need is Need.END:
                 await out.finish()
-                return response
+                return
             elif need is Need.FAILURE:
                 failure = relay.failure
                 assert failure is not None
                 headers = {"X-Request-Id": ex.request_id, **failure.headers}
-                return await out.whole(failure.status, failure.body, headers)
+                await out.whole(failure.status, failure.body, headers)
+                return
             elif need is Need.STALLED:
                 raise ClientStalled
             elif need is Need.GONE:
-                raise ConnectionResetError("the client closed the connection")
+                raise ClientGone("the client closed the connection")
             else:
                 assert relay.bug is not None
                 raise relay.bug

@@ -7,25 +7,23 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from proxy.config import Config
+from proxy.exchange.client import ClientRequest
+from proxy.exchange.forward import handle
 from proxy.exchange.state import ProxyState
 from proxy.observe.books import Books
 from proxy.observe.logs import make_logger
 from proxy.observe.metrics import Metrics
 from proxy.server.admin import build_admin_app
-from proxy.server.connections import ConnectionRules, ProxyServer, make_handler
+from proxy.server.connections import ConnectionRules, MainPort
 from proxy.server.upstream_pool import UPSTREAM_KEEPALIVE_SECONDS, ConnectionPool
 
 if TYPE_CHECKING:
     from proxy.observe.tracing import Tracing
 
 __all__ = [
-    "LINGERING_SECONDS", "build_admin_app", "build_main_server", "build_state", "open_upstream_pool",
+    "build_admin_app", "build_main_server", "build_state", "open_upstream_pool",
     "open_upstream_session",
 ]
-
-# How long aiohttp reads and discards a request body the handler left unread (nginx: lingering_timeout 5 s).
-LINGERING_SECONDS = 5.0
-
 
 def open_upstream_pool(state: ProxyState) -> ConnectionPool:
     """The exchanges' upstream connections (proxy/server/upstream_pool.py)."""
@@ -63,24 +61,17 @@ def build_state(config: Config, *, metrics: Metrics | None = None, logger: Any =
     return ProxyState(config=config, metrics=metrics, books=Books(metrics, logger, open_tracing(config, logger)))
 
 
-def build_main_server(state: ProxyState, max_connections: int | None = None) -> ProxyServer:
-    """The main port: aiohttp's low-level server (every method and path goes to one handler)."""
+def build_main_server(state: ProxyState, max_connections: int | None = None) -> MainPort:
+    """The main port: every method and path goes to one exchange (proxy/exchange/forward.py)."""
     cfg = state.config
     rules = ConnectionRules(
         header_timeout=cfg.client_header_timeout,
         max_header_size=cfg.max_header_size,
         max_connections=max_connections or cfg.max_client_connections,
-    )
-    return ProxyServer(
-        make_handler(state),
-        rules=rules,
-        books=state.books,
-        handler_cancellation=True,  # a client that leaves cancels its handler, which cancels the upstream
-        access_log=None,
         keepalive_timeout=cfg.client_keepalive_timeout,
-        # The total head is bounded by --max-header-size; one line may use all of it.
-        max_line_size=cfg.max_header_size,
-        max_field_size=cfg.max_header_size,
-        lingering_time=LINGERING_SECONDS,
-        auto_decompress=False,  # request bodies go upstream byte for byte, compressed or not
     )
+
+    async def exchange(request: ClientRequest) -> None:
+        await handle(request, state)
+
+    return MainPort(exchange, rules=rules, books=state.books)

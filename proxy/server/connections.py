@@ -1,17 +1,21 @@
-"""The main port's client connections, held to nginx's per-connection rules.
+"""The main port's client connections: an asyncio protocol per connection, requests parsed by llhttp.
 
-aiohttp's server has no header-read timeout, no bound on the total size of a request's headers and
-no connection limit, and it answers requests its parser rejects with a plain-text 400 and a
-traceback on stderr. This layer adds what nginx does by default:
+Each request becomes a `ClientRequest` handed to one exchange task (`proxy.exchange.forward.handle`);
+its body arrives from this protocol's callbacks, and the exchange writes its answer straight to the
+transport. One request is answered at a time: a pipelined one waits, parsed, until the one before it
+is answered (reading pauses meanwhile), so answers go out in order. A client that leaves cancels its
+exchange's task, which cancels the upstream. The per-connection rules are nginx's defaults:
 
 - `--client-header-timeout`: the request line and headers must arrive within it (from the accept,
-  or from the first byte of a keep-alive connection's next request); else 408 and close.
-  An idle keep-alive connection is closed after `--client-keepalive-timeout` (aiohttp's own timer,
-  which a head that has begun holds off: a partial head always ends in its 408).
+  or from the first byte of a keep-alive connection's next request); else 408 and close. An idle
+  keep-alive connection (no byte of a next request) is closed quietly after
+  `--client-keepalive-timeout`.
 - `--max-header-size`: the request line plus headers, in total; beyond it 431 and close.
 - `--max-client-connections`: beyond it a new connection gets a 503 and is closed.
-- a request the HTTP parser rejects gets a JSON 400 and is logged and counted (`bad_request`); a
-  request line nginx refuses though it parses (TRACE: 405, a version other than HTTP/1.x: 505) too.
+- a request llhttp rejects gets a JSON 400 and is logged and counted (`bad_request`); a request line
+  nginx refuses though it parses (TRACE: 405, a version other than HTTP/1.x: 505) too.
+- a response that leaves the request body unread (a 413, say) closes the connection after reading
+  and discarding the rest for at most 5 s (nginx's lingering close), so the client sees the answer.
 
 Each refusal is written straight to the socket (no request is in progress on it, so no response
 can be interleaved), counted and logged by the books like any other exchange.
@@ -20,24 +24,28 @@ can be interleaved), counted and logged by the books like any other exchange.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections import deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
-from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.dialects import DIALECTS
 from proxy.core.http_head import HeadScanner, HeadTooLarge, request_line_refusal
-from proxy.exchange.forward import handle
-from proxy.exchange.state import ProxyState
+from proxy.exchange.client import ClientRequest
 from proxy.observe.books import Books
 
-__all__ = ["ClientConnection", "ConnectionRules", "ProxyServer", "make_handler"]
+__all__ = ["LINGERING_SECONDS", "ClientConnection", "ConnectionRules", "MainPort"]
 
+LINGERING_SECONDS = 5.0  # reading and discarding an unread request body before the close (nginx: 5 s)
 _OTHER = DIALECTS["other"]
 _PHRASES = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout",
             431: "Request Header Fields Too Large", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
+_Handler = Callable[[ClientRequest], Coroutine[Any, Any, object]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,81 +53,150 @@ class ConnectionRules:
     header_timeout: float
     max_header_size: int
     max_connections: int
+    keepalive_timeout: float
 
 
-class ProxyServer(web.Server):
-    """aiohttp's low-level server, making `ClientConnection`s and counting them."""
+class MainPort:
+    """The main port's connections: the factory the listener calls, their count, and shutdown's close."""
 
-    def __init__(
-        self,
-        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
-        *,
-        rules: ConnectionRules,
-        books: Books,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(handler, **kwargs)
+    def __init__(self, handler: _Handler, *, rules: ConnectionRules, books: Books) -> None:
+        self.handler = handler
         self.rules = rules
         self.books = books
         self.open_connections = 0
-        self._handler_kwargs = kwargs
+        self.connections: set[ClientConnection] = set()
 
     def __call__(self) -> ClientConnection:
-        kwargs = {k: v for k, v in self._handler_kwargs.items() if k != "handler_cancellation"}
-        return ClientConnection(self, loop=asyncio.get_running_loop(), **kwargs)
+        return ClientConnection(self)
+
+    async def close(self, grace: float) -> None:
+        """Shutdown's end: idle connections close; exchanges still running get `grace` seconds, then
+        their connections are cut (which cancels them) and their books are written."""
+        for connection in list(self.connections):
+            connection.close_if_idle()
+        running = self._running()
+        if running:
+            await asyncio.wait(running, timeout=grace)
+        for connection in list(self.connections):
+            connection.abort()
+        running = self._running()
+        if running:
+            await asyncio.wait(running, timeout=grace)
+
+    def _running(self) -> set[asyncio.Task[None]]:
+        return {c.task for c in self.connections if c.task is not None and not c.task.done()}
 
 
-class ClientConnection(web.RequestHandler):
-    """One client connection: the header deadline and size bound of the request it is reading."""
+class ClientConnection(asyncio.Protocol):
+    """One client connection (a `ClientChannel` for its exchanges)."""
 
-    def __init__(self, manager: ProxyServer, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._server = manager
-        self._head: HeadScanner | None = HeadScanner(manager.rules.max_header_size)
-        self._head_timer: asyncio.TimerHandle | None = None
+    def __init__(self, port: MainPort) -> None:
+        self._port = port
+        self._rules = port.rules
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._head: HeadScanner | None = HeadScanner(port.rules.max_header_size)
+        self._timer: asyncio.TimerHandle | None = None  # the header deadline, or the keep-alive one
         self._counted = False
+        self._url = b""
+        self._headers: list[tuple[str, str]] = []
+        self._parsing: ClientRequest | None = None  # the request whose head or body is arriving
+        self._queue: deque[ClientRequest] = deque()  # parsed, waiting for the one before to be answered
+        self._current: ClientRequest | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._complete: set[ClientRequest] = set()  # requests whose body was received to its end
+        self._close_after = False  # close once the current exchange is answered
+        self._lingering = False
+        self._closed = False
+        self._peer: str | None = None
+        self.writing_paused = False
         self.flow_hooks: tuple[Callable[[], None], Callable[[], None]] | None = None  # a stream relay's
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self._reading = True
+        self._head_bytes = 0
+        self._too_large = False
 
-    # ---- flow control, for a stream relay that writes straight to the transport ---------------
+    # ---- ClientChannel ------------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        if not self.writing_paused or self._closed:
+            if self._closed:
+                raise ConnectionResetError("the client closed the connection")
+            return
+        waiter = self._drain_waiter = self._loop.create_future()
+        await waiter
+
+    def close_now(self) -> None:
+        self._close_after = True
+        self._lingering = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def pause_reading(self) -> None:
+        if self._reading and self.transport is not None and not self._closed:
+            self._reading = False
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if not self._reading and self.transport is not None and not self._closed:
+            self._reading = True
+            self.transport.resume_reading()
+
+    # ---- the transport's callbacks ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else None
+        port = self._port
+        if port.open_connections >= self._rules.max_connections:
+            self._refuse(503, "proxy_overloaded", "the proxy has too many open connections; retry later")
+            return
+        port.open_connections += 1
+        port.connections.add(self)
+        self._counted = True
+        self._arm(self._rules.header_timeout, self._head_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        if self._counted:
+            self._counted = False
+            self._port.open_connections -= 1
+            self._port.connections.discard(self)
+        self._disarm()
+        for request in (self._current, self._parsing, *self._queue):
+            if request is not None and request not in self._complete:
+                request.content.set_exception(ConnectionResetError("the client closed the connection"))
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # the client left: its exchange ends (and cancels the upstream)
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("the client closed the connection"))
+        self.transport = None
 
     def pause_writing(self) -> None:
-        super().pause_writing()
+        self.writing_paused = True
         if self.flow_hooks is not None:
             self.flow_hooks[0]()
 
     def resume_writing(self) -> None:
-        super().resume_writing()
+        self.writing_paused = False
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         if self.flow_hooks is not None:
             self.flow_hooks[1]()
 
-    # ---- the transport's callbacks ------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        server = self._server
-        super().connection_made(transport)
-        if server.open_connections >= server.rules.max_connections:
-            self._refuse(503, "proxy_overloaded", "the proxy has too many open connections; retry later")
-            return
-        server.open_connections += 1
-        self._counted = True
-        self._arm_head_timer()
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self._counted:
-            self._counted = False
-            self._server.open_connections -= 1
-        self._disarm_head_timer()
-        super().connection_lost(exc)
-
     def data_received(self, data: bytes) -> None:
         head = self._head
-        if head is not None and data:
-            if self._head_timer is None:
-                self._arm_head_timer()  # the first byte of a keep-alive connection's next request
+        if head is not None and data and not self._lingering:
+            if self._timer is None or self._timer_is_keepalive:
+                self._arm(self._rules.header_timeout, self._head_timed_out)  # a next request's first byte
             try:
                 complete = head.feed(data)
             except HeadTooLarge:
-                limit = self._server.rules.max_header_size
+                limit = self._rules.max_header_size
                 self._refuse(431, "bad_request", f"the request line and headers exceed {limit} bytes")
                 return
             if head.request_line is not None and (refusal := request_line_refusal(head.request_line)):
@@ -128,72 +205,182 @@ class ClientConnection(web.RequestHandler):
                 return
             if complete:
                 self._head = None
-                self._disarm_head_timer()
-        super().data_received(data)
+                self._disarm()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._close_after = True  # (Upgrade is hop-by-hop: the request is answered, then the close)
+        except httptools.HttpParserError:
+            if self._lingering:
+                self.close_now()
+            elif self._current is None and self._parsing is None:
+                if self._too_large:
+                    limit = self._rules.max_header_size
+                    self._refuse(431, "bad_request", f"the request line and headers exceed {limit} bytes")
+                else:
+                    self._refuse(400, "bad_request", "the request is not valid HTTP/1.1")
+            else:
+                self._close_after = True  # garbage behind a request: it is answered, then the close
+                self.pause_reading()
 
-    def _process_keepalive(self) -> None:
-        """aiohttp's keep-alive timer, held off while a request head is arriving.
+    # ---- llhttp's callbacks -------------------------------------------------------------------------
 
-        Once a byte of a request has come, only --client-header-timeout applies (nginx's
-        keepalive_timeout also covers an idle connection only): that head ends in its 408, never in
-        a silent close because the keep-alive timeout happened to be the shorter one. aiohttp arms
-        the timer again after the next response.
-        """
-        head = self._head
-        if head is not None and head.size > 0:
-            self._keepalive_handle = None
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._grow(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow(len(name) + len(value) + 4)
+        self._headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
+
+    def _grow(self, size: int) -> None:
+        """The bound on a head, also for a pipelined one the scanner does not see."""
+        self._head_bytes += size
+        if self._head_bytes > self._rules.max_header_size:
+            self._too_large = True
+            raise HeadTooLarge
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        raw = self._url.decode("utf-8", "surrogateescape")
+        try:
+            path = unquote(httptools.parse_url(self._url).path.decode("utf-8", "surrogateescape"))
+        except httptools.HttpParserInvalidURLError:
+            path = raw
+        major, _, minor = parser.get_http_version().partition(".")
+        request = ClientRequest(
+            self, parser.get_method().decode("ascii", "replace"), raw, path, (int(major), int(minor or 0)),
+            CIMultiDictProxy(CIMultiDict(self._headers)), remote=self._peer, keep_alive=parser.should_keep_alive(),
+        )
+        self._parsing = request
+        self._head = None
+        if self._timer is not None and not self._timer_is_keepalive:
+            self._disarm()
+        if self._current is None:
+            self._start(request)
+        else:
+            self._queue.append(request)
+            self.pause_reading()  # one pipelined request at a time
+
+    def on_body(self, body: bytes) -> None:
+        if self._parsing is not None and not self._lingering:
+            self._parsing.content.feed(body)
+
+    def on_message_complete(self) -> None:
+        request = self._parsing
+        self._parsing = None
+        if self._lingering:
+            self.close_now()
             return
-        super()._process_keepalive()
+        if request is not None:
+            self._complete.add(request)
+            request.content.feed_eof()
+            if self._current is not None and request is not self._current:
+                self.pause_reading()
+        if self._current is not None or self._queue:
+            self._head = None  # a pipelined request's head: measured when its turn comes
+        else:
+            self._head = HeadScanner(self._rules.max_header_size)
 
-    # ---- called by the proxy's handler --------------------------------------------------------
+    # ---- shutdown ---------------------------------------------------------------------------------
 
-    def request_done(self) -> None:
-        """The handler finished: the next bytes on this connection are a new request's head."""
-        self._head = HeadScanner(self._server.rules.max_header_size)
+    def close_if_idle(self) -> None:
+        if self._current is None and self._parsing is None and self.transport is not None:
+            self.transport.close()
 
-    def handle_error(
-        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
-    ) -> web.StreamResponse:
-        """A request aiohttp's parser rejected (bad framing, NUL, obs-fold, an over-long line)."""
-        if isinstance(exc, LineTooLong):
-            status = 431
-        reason = "bad_request" if status < 500 else "proxy_error"
-        text = "the request is not valid HTTP/1.1" if status == 400 else _PHRASES.get(status, "request rejected")
-        if status == 431:
-            text = f"a request line or header exceeds {self._server.rules.max_header_size} bytes"
-        body = _OTHER.error_body(status, text, reason)
-        self._server.books.record_refusal(status, reason, len(body), client=_peer(self))
-        response = web.Response(status=status, body=body, content_type="application/json")
-        response.force_close()  # the connection closes once this is written
-        return response
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
-    # ---- internals ------------------------------------------------------------------------------
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
 
-    def _arm_head_timer(self) -> None:
-        self._disarm_head_timer()
-        loop = asyncio.get_running_loop()
-        self._head_timer = loop.call_later(self._server.rules.header_timeout, self._head_timed_out)
+    # ---- the exchanges ----------------------------------------------------------------------------
 
-    def _disarm_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _start(self, request: ClientRequest) -> None:
+        self._current = request
+        self._task = self._loop.create_task(self._run(request))
+
+    async def _run(self, request: ClientRequest) -> None:
+        try:
+            await self._port.handler(request)
+        finally:
+            self._answered(request)
+
+    def _answered(self, request: ClientRequest) -> None:
+        """The exchange is over: the next request's turn, the keep-alive wait, a lingering close, or the close."""
+        self._current = None
+        self._task = None
+        self.flow_hooks = None
+        whole = request in self._complete
+        self._complete.discard(request)
+        transport = self.transport
+        if transport is None or self._closed or transport.is_closing():
+            return
+        if not whole:
+            self._linger()  # the answer went out before the body was read: read it out, then close
+            return
+        if not request.keep_alive or self._close_after:
+            transport.close()
+            return
+        if self._queue:
+            self._start(self._queue.popleft())
+            self.resume_reading()
+            return
+        self._head = HeadScanner(self._rules.max_header_size)
+        self._arm(self._rules.keepalive_timeout, self._idle_timed_out, keepalive=True)
+        self.resume_reading()
+
+    def _linger(self) -> None:
+        """Read and discard the rest of the request body, for at most LINGERING_SECONDS, then close."""
+        assert self.transport is not None
+        self._lingering = True
+        self._queue.clear()
+        self.resume_reading()
+        self._arm(LINGERING_SECONDS, self.close_now)
+
+    # ---- timers and refusals ----------------------------------------------------------------------
+
+    _timer_is_keepalive = False
+
+    def _arm(self, seconds: float, callback: Callable[[], None], *, keepalive: bool = False) -> None:
+        self._disarm()
+        self._timer = self._loop.call_later(seconds, callback)
+        self._timer_is_keepalive = keepalive
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_is_keepalive = False
+
+    def _idle_timed_out(self) -> None:
+        self._timer = None
+        if self._current is None and self._parsing is None and self.transport is not None:
+            self.transport.close()  # nothing was asked: close quietly, as nginx does
 
     def _head_timed_out(self) -> None:
-        self._head_timer = None
+        self._timer = None
         head = self._head
-        if head is None:
+        if head is None or self._current is not None:
             return
         if head.size == 0:
-            self.force_close()  # nothing was asked: close quietly, as nginx does
+            if self.transport is not None:
+                self.transport.close()  # nothing was asked: close quietly, as nginx does
             return
-        timeout = self._server.rules.header_timeout
+        timeout = self._rules.header_timeout
         self._refuse(408, "client_timeout", f"the request headers did not arrive within {timeout:g} s")
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
         """Answer without a request (none is in progress on this socket), count it, close."""
         self._head = None
-        self._disarm_head_timer()
+        self._disarm()
         body = _OTHER.error_body(status, message, reason)
         transport = self.transport
         if transport is not None and not transport.is_closing():
@@ -204,26 +391,7 @@ class ClientConnection(web.RequestHandler):
             if status == 503:
                 head += "Retry-After: 1\r\n"
             transport.write(head.encode() + b"\r\n" + body)
-        self._server.books.record_refusal(status, reason, len(body), client=_peer(self))
-        self.force_close()
-
-
-def _peer(connection: web.RequestHandler) -> str | None:
-    transport = connection.transport
-    peer = transport.get_extra_info("peername") if transport is not None else None
-    return str(peer[0]) if isinstance(peer, tuple) and peer else None
-
-
-def make_handler(state: ProxyState) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
-    """The main port's one handler (every method and path), bound to the proxy's state."""
-
-    async def handler(request: web.BaseRequest) -> web.StreamResponse:
-        try:
-            return await handle(request, state)
-        finally:
-            # The next bytes are a new request's head only once this body was read to its end (an
-            # unread one is refused with Connection: close, and aiohttp discards the rest of it).
-            if isinstance(request.protocol, ClientConnection) and request.content.is_eof():
-                request.protocol.request_done()
-
-    return handler
+        self._port.books.record_refusal(status, reason, len(body), client=self._peer)
+        if transport is not None:
+            with contextlib.suppress(RuntimeError):
+                transport.close()

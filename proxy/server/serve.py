@@ -33,7 +33,7 @@ from proxy.server.app import (
     open_upstream_pool,
     open_upstream_session,
 )
-from proxy.server.connections import ProxyServer
+from proxy.server.connections import MainPort
 from proxy.server.fdlimit import connection_limit, raise_fd_limit
 
 __all__ = ["DRAINING_HINT", "Server", "StartupError", "check_upstream", "run_loop", "serve"]
@@ -88,9 +88,9 @@ class Server:
         self.config = config
         self.state = state or build_state(config)
         self.max_connections = max_connections or config.max_client_connections
-        self.main_server: ProxyServer | None = None
+        self.main_server: MainPort | None = None
         self.admin_app = build_admin_app(self.state)
-        self._main: web.ServerRunner | None = None
+        self._main: asyncio.Server | None = None
         self._admin = (
             web.AppRunner(self.admin_app, access_log=None, shutdown_timeout=_CLOSE_SECONDS) if admin else None
         )
@@ -109,15 +109,15 @@ class Server:
         self.state.session = open_upstream_session(cfg)
         self.state.pool = open_upstream_pool(self.state)
         self.main_server = build_main_server(self.state, self.max_connections)
-        self._main = web.ServerRunner(self.main_server, shutdown_timeout=_CLOSE_SECONDS)
-        await self._main.setup()
-        main = web.TCPSite(
-            self._main, cfg.host, cfg.port, reuse_address=True, reuse_port=self._reuse_port or None,
-            backlog=_BACKLOG,
-        )
+        loop = asyncio.get_running_loop()
         try:
-            await main.start()
-            self._sites = [main]
+            try:
+                self._main = await loop.create_server(
+                    self.main_server, cfg.host, cfg.port, reuse_address=True, reuse_port=self._reuse_port or None,
+                    backlog=_BACKLOG,
+                )
+            except OSError as exc:
+                raise listen_error(exc, cfg.host, cfg.port, "--port") from None
             if self._admin is not None:
                 await self._admin.setup()
                 admin = web.TCPSite(self._admin, cfg.admin_listen_host, cfg.admin_port, reuse_address=True)
@@ -126,24 +126,23 @@ class Server:
                 except OSError as exc:
                     raise listen_error(exc, cfg.admin_listen_host, cfg.admin_port, "--admin-port") from None
                 self._sites.append(admin)
-        except OSError as exc:
-            await self._close_after_failed_start()
-            raise listen_error(exc, cfg.host, cfg.port, "--port") from None
         except StartupError:
             await self._close_after_failed_start()
             raise
 
     async def _close_after_failed_start(self) -> None:
         """What `start` opened before it failed, closed, so nothing warns about it at exit."""
-        for runner in (self._main, self._admin):
-            if runner is not None:
-                await runner.cleanup()
+        if self._main is not None:
+            self._main.close()
+            await self._main.wait_closed()
+        if self._admin is not None:
+            await self._admin.cleanup()
         if self.state.session is not None:
             await self.state.session.close()
 
     def ports(self) -> tuple[int, int]:
         """The bound (main, admin) ports, useful when configured as 0."""
-        main, admin = _bound_port(self._main), _bound_port(self._admin)
+        main, admin = self._main_port(), _bound_port(self._admin)
         assert main is not None
         assert admin is not None
         return main, admin
@@ -161,14 +160,15 @@ class Server:
         state.draining = True
         loop = asyncio.get_running_loop()
         bound = loop.time() + self.config.drain_timeout + _DRAIN_MARGIN_SECONDS  # the whole shutdown's
-        await self._sites[0].stop()  # stop accepting on the main port; admin keeps answering 503
+        if self._main is not None:
+            self._main.close()  # stop accepting on the main port; admin keeps answering 503
         await self._until_idle_or_hurried(self.config.drain_timeout)
         interrupted = state.interrupt_all()
         if interrupted:
             self.logger.warning("shutdown", interrupted=interrupted)
             await self._until_idle_or_hurried(_FINAL_GRACE_SECONDS)
-        if self._main is not None:
-            await self._main.cleanup()
+        if self.main_server is not None:
+            await self.main_server.close(_CLOSE_SECONDS)
         if self._admin is not None:
             await self._admin.cleanup()
         await state.background.close()  # drains still reading write their books now
@@ -182,6 +182,10 @@ class Server:
         if state.books.tracing is not None:  # the last spans (the interrupted exchanges') go out, bounded
             left = max(_MIN_TRACING_SECONDS, bound - _EXIT_SECONDS - loop.time())
             await asyncio.to_thread(state.books.tracing.close, left)
+
+    def _main_port(self) -> int | None:
+        sockets = self._main.sockets if self._main is not None else ()
+        return int(sockets[0].getsockname()[1]) if sockets else None
 
     async def _until_idle_or_hurried(self, within: float) -> None:
         """Wait until no exchange is in flight, a second signal comes, or `within` seconds pass."""
@@ -199,7 +203,7 @@ class Server:
         await self.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        main_port, admin_port = _bound_port(self._main), _bound_port(self._admin)
+        main_port, admin_port = self._main_port(), _bound_port(self._admin)
         self.logger.warning(
             "started",
             version=__version__,
