@@ -9,16 +9,17 @@ committed yet, with a real HTTP status the SDK can retry (docs/failures.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
 
-from proxy.core.dialects import Dialect, Kind, Usage
+from proxy.core.dialects import Dialect, DialectStream, Kind, Usage
 from proxy.core.dialects.errors import ErrorCode, describe_error, error_message
 from proxy.core.lifecycle import Reason, status_for
 from proxy.core.sse import Event, EventTooLarge, SSEReader, StatusBlock
 
-__all__ = ["MAX_HELD", "Failure", "Step", "StreamGuard"]
+__all__ = ["MAX_HELD", "Failure", "MayResume", "Step", "StreamGuard"]
 
 MAX_HELD = 1024 * 1024  # bytes held before the first content; the hold window ends early past it
 
@@ -56,6 +57,24 @@ class Step:
     failure: Failure | None = None  # when done before commit: send this instead of a 200
     first_content: bool = False  # carries the first content-bearing event (time to first token)
     content_events: int = 0  # content-bearing events in `data` (token latency)
+    resume: str | None = None  # --resume-on-cut: the stream broke for this reason; continue it, or give_up()
+
+
+# (reason, status) -> whether to try a continuation instead of ending (proxy/core/resume/resumer.py)
+MayResume = Callable[[str, int], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """The error a stream broke with while a continuation is tried: what give_up() ends with."""
+
+    status: int
+    message: str
+    reason: str
+    rewrite: str | None
+    code: ErrorCode | None
+    headers: dict[str, str]
+    raw: bytes | None  # an upstream error frame in the dialect's own shape, forwarded as it came
 
 
 def _retry_headers(headers: dict[str, str]) -> dict[str, str]:
@@ -85,7 +104,10 @@ class StreamGuard:
         "_hold",
         "_max",
         "_max_held",
+        "_may_resume",
+        "_pending",
         "_reader",
+        "_stitch",
         "_stream",
         "committed",
         "content_events",
@@ -96,7 +118,13 @@ class StreamGuard:
     )
 
     def __init__(
-        self, dialect: Dialect, *, hold: bool, max_event_size: int = 8 * 1024 * 1024, max_held: int = MAX_HELD
+        self,
+        dialect: Dialect,
+        *,
+        hold: bool,
+        max_event_size: int = 8 * 1024 * 1024,
+        max_held: int = MAX_HELD,
+        may_resume: MayResume | None = None,
     ) -> None:
         self._dialect = dialect
         self._stream = dialect.new_stream()
@@ -114,6 +142,9 @@ class StreamGuard:
         self.rewrites: list[str] = []
         self.saw_id = False  # an upstream `id:` line was forwarded (see `keepalive_safe`)
         self.upstream_message: str | None = None  # the upstream's own error message, for the log line
+        self._may_resume = may_resume  # asked before a committed stream ends with an error
+        self._pending: _Pending | None = None
+        self._stitch: Callable[[Event], Event | None] | None = None
 
     @property
     def usage(self) -> Usage | None:
@@ -123,6 +154,16 @@ class StreamGuard:
     @property
     def done(self) -> bool:
         return self._done
+
+    @property
+    def stream(self) -> DialectStream:
+        return self._stream
+
+    @property
+    def retry_after(self) -> str | None:
+        """The Retry-After of the stray block the stream broke with, while a continuation is tried."""
+        pending = self._pending
+        return None if pending is None else pending.headers.get("Retry-After")
 
     @property
     def keepalive_safe(self) -> bool:
@@ -178,7 +219,45 @@ class StreamGuard:
             step.data = _join(out)
         return step
 
+    # ---- after a step with `resume` ----------------------------------------------------------------
+
+    def resume(self, stitch: Callable[[Event], Event | None]) -> None:
+        """A continuation answered: its bytes come next, each event rewritten by `stitch` first."""
+        if self._pending is None:
+            raise RuntimeError("resume() without a step that asked for it")
+        self._pending = None
+        self._reader = SSEReader(self._max)  # the broken stream's partial event is dropped
+        self._stitch = stitch
+
+    def give_up(self) -> Step:
+        """No continuation: end with the error the stream broke with, as without --resume-on-cut."""
+        pending = self._pending
+        if pending is None or self._done:
+            return Step()
+        self._pending = None
+        step, out = Step(), list[bytes]()
+        if pending.raw is not None:  # (the upstream's own error frame and the dialect's ending)
+            step.data = pending.raw
+            self.events += 1
+            return self._finish(step, "error", pending.reason)
+        return self._error(
+            step, out, pending.status, pending.message, pending.reason, pending.rewrite, pending.code,
+            pending.headers, resumable=False,
+        )
+
     # ---- internals --------------------------------------------------------------------------------
+
+    def _resumes(self, step: Step, out: list[bytes], pending: _Pending) -> Step | None:
+        """The one place a committed stream's failure may become a continuation instead of an end."""
+        if self._may_resume is None or not self.committed or pending.rewrite == "oversized_event":
+            return None
+        if not self._may_resume(pending.reason, pending.status):
+            return None
+        self._pending = pending
+        if out:
+            step.data = _join(out)
+        step.resume = pending.reason
+        return step
 
     def _begin(self) -> tuple[Step, list[bytes]]:
         step = Step()
@@ -206,9 +285,15 @@ class StreamGuard:
     def _consume(self, step: Step, out: list[bytes], items: list[Event | StatusBlock]) -> Step | None:
         """Act on complete items; returns the final Step if one of them ended the stream."""
         stream = self._stream
+        stitch = self._stitch
         for item in items:
             if isinstance(item, StatusBlock):
                 return self._stray(step, out, item)
+            if stitch is not None:
+                stitched = stitch(item)
+                if stitched is None:
+                    continue
+                item = stitched
             if item.id is not None:
                 self.saw_id = True
             kind = stream.classify(item)
@@ -301,8 +386,14 @@ class StreamGuard:
         rewrite: str | None,
         code: ErrorCode | None = None,
         headers: dict[str, str] | None = None,
+        *,
+        resumable: bool = True,
     ) -> Step:
         """End with the dialect's error: a frame after the commit, a real status before it."""
+        if resumable:
+            resumed = self._resumes(step, out, _Pending(status, message, reason, rewrite, code, headers or {}, None))
+            if resumed is not None:
+                return resumed
         if self.committed:
             out.append(self._stream.error_frame(status, message, code or reason))
             step.data = _join(out)
@@ -326,9 +417,13 @@ class StreamGuard:
         self.upstream_message = info.message
         if not self.committed:
             return self._error(step, out, info.status, info.message, "upstream_error_frame", None, info.code)
+        tail = self._stream.error_tail()
+        pending = _Pending(info.status, info.message, "upstream_error_frame", None, info.code, {}, raw + tail)
+        resumed = self._resumes(step, out, pending)
+        if resumed is not None:
+            return resumed
         out.append(raw)
         self.events += 1
-        tail = self._stream.error_tail()
         if tail:
             out.append(tail)
         step.data = _join(out)

@@ -8,6 +8,7 @@ finish_reason yet), a `[DONE]` after a choice was cut short, a choice vLLM ended
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from proxy.core.dialects.base import DialectStream, Kind, usage_from
@@ -26,10 +27,12 @@ ABORTED = ErrorInfo(502, 'the upstream aborted the generation (finish_reason "ab
 class ChatStream(DialectStream):
     """Tracks, per choice index, whether it produced output and whether it has a finish_reason."""
 
-    __slots__ = ("_finished", "_produced", "_reasons", "_seen")
+    __slots__ = ("_finished", "_produced", "_reasons", "_seen", "recorder")
 
     def __init__(self) -> None:
         super().__init__()
+        # --resume-on-cut: told every chunk, to keep the answer so far (proxy/core/resume/transcript.py)
+        self.recorder: Callable[[dict[str, Any]], None] | None = None
         self._seen: set[int] = set()
         self._finished: set[int] = set()
         self._produced: set[int] = set()
@@ -61,6 +64,8 @@ class ChatStream(DialectStream):
             model = obj.get("model")
             if type(model) is str and model:
                 self.response_model = model
+        if self.recorder is not None:
+            self.recorder(obj)
         content = False
         for choice in choices:
             if type(choice) is not dict:

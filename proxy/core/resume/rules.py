@@ -1,0 +1,176 @@
+"""Whether a cut stream may be continued, and the request that continues it.
+
+A continuation is only offered where it can be faithful: one choice of plain text, sampled without
+constraints the backend would have to replay (tools, grammars, schemas) and without per-token
+output the continuation could not reproduce (logprobs). The continuation is the client's own
+request, every field kept, plus the answer so far: for chat a trailing assistant message that the
+backend continues (`continue_final_message`, which vLLM, SGLang and llama-server honour), for
+completions the prompt followed by the text, or by the token ids when the backend returned them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.core.resume.transcript import Transcript
+
+__all__ = [
+    "RESUMABLE_REASONS",
+    "RETRYABLE_STATUSES",
+    "Refusal",
+    "continuation_body",
+    "cut_refusal",
+    "parse_request",
+    "request_refusal",
+]
+
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Breaks worth a continuation: the connection or the backend failed, not the request.
+RESUMABLE_REASONS = frozenset({"stream_cut", "stall_timeout", "stray_http_block", "upstream_error_frame"})
+
+_APIS = frozenset({"chat_completions", "completions"})
+_TOOLS = ("tools", "tool_choice", "functions", "function_call")
+# Constrained decoding (vLLM, SGLang, llama-server names): a continuation would restart the grammar.
+_GUIDED = (
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+    "grammar", "json_schema", "regex", "ebnf",
+)
+_BUDGETS = ("max_tokens", "max_completion_tokens")
+
+
+class Refusal(Exception):
+    """This request cannot be continued faithfully; the message says why (logged, never sent)."""
+
+
+def parse_request(api: str, body: bytes) -> dict[str, Any]:
+    """The request's JSON object, or Refusal: only a streamed chat or completions object qualifies."""
+    if api not in _APIS:
+        raise Refusal(f"{api} streams are not resumed")
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise Refusal("the request body is not JSON") from None
+    if type(obj) is not dict:
+        raise Refusal("the request body is not a JSON object")
+    request_refusal(api, obj)
+    return obj
+
+
+def _set(obj: dict[str, Any], key: str) -> bool:
+    value = obj.get(key)
+    return value is not None and value is not False and value != []
+
+
+def request_refusal(api: str, obj: dict[str, Any]) -> None:
+    """Raise Refusal when the request's own fields rule a faithful continuation out."""
+    if obj.get("stream") is not True:
+        raise Refusal("not a streamed request")
+    for key in _TOOLS:
+        if _set(obj, key):
+            raise Refusal(f"`{key}`: tool calls are not continued")
+    for key in _GUIDED:
+        if _set(obj, key):
+            raise Refusal(f"`{key}`: constrained decoding is not continued")
+    response_format = obj.get("response_format")
+    if response_format is not None and not (type(response_format) is dict and response_format.get("type") == "text"):
+        raise Refusal("`response_format`: constrained decoding is not continued")
+    if _set(obj, "logprobs") or _set(obj, "top_logprobs") or _set(obj, "prompt_logprobs"):  # (0 is set too)
+        raise Refusal("logprobs cannot be continued")
+    for key in ("n", "best_of"):
+        value = obj.get(key)
+        if value is not None and value != 1:
+            raise Refusal(f"`{key}`: only one choice is continued")
+    if _set(obj, "echo"):
+        raise Refusal("`echo`: the continuation's prompt is not the client's")
+    for key in (*_BUDGETS, "min_tokens"):
+        value = obj.get(key)
+        if value is not None and type(value) is not int:
+            raise Refusal(f"`{key}` is not an integer")
+    if api == "chat_completions":
+        _check_messages(obj)
+    else:
+        _check_prompt(obj.get("prompt"))
+
+
+def _check_messages(obj: dict[str, Any]) -> None:
+    messages = obj.get("messages")
+    if type(messages) is not list or not messages or not all(type(m) is dict for m in messages):
+        raise Refusal("`messages` is not a list of messages")
+    last = messages[-1]
+    if obj.get("continue_final_message") is True:
+        if last.get("role") != "assistant" or type(last.get("content")) is not str:
+            raise Refusal("the message to continue is not an assistant's text")
+    elif last.get("role") == "assistant":  # (llama-server would continue it, vLLM would answer it)
+        raise Refusal("a trailing assistant message without `continue_final_message` is ambiguous")
+
+
+def _check_prompt(prompt: object) -> None:
+    if type(prompt) is str:
+        return
+    if type(prompt) is list and prompt and all(type(item) is int for item in prompt):
+        return
+    if type(prompt) is list and len(prompt) == 1 and (type(prompt[0]) is str or _ids(prompt[0])):
+        return
+    raise Refusal("`prompt` is a batch or not a prompt: only one choice is continued")
+
+
+def _ids(value: object) -> bool:
+    return type(value) is list and bool(value) and all(type(item) is int for item in value)
+
+
+def cut_refusal(obj: dict[str, Any], transcript: Transcript) -> None:
+    """Raise Refusal when what the client received rules the continuation out."""
+    if transcript.other_output:
+        raise Refusal("the answer so far holds output other than text (reasoning, tool calls)")
+    if not transcript.text and transcript.exact_tokens is None:
+        raise Refusal("nothing was received to continue")
+    produced = transcript.produced
+    for key in _BUDGETS:
+        budget = obj.get(key)
+        if type(budget) is int and budget - produced < 1:
+            raise Refusal(f"the answer had used its `{key}` already")
+    prompt = obj.get("prompt")
+    if "prompt" in obj and type(prompt) is list and transcript.exact_tokens is None:
+        flat = prompt[0] if len(prompt) == 1 and type(prompt[0]) is list else prompt
+        if _ids(flat):
+            raise Refusal("a token-id prompt is continued only with the backend's token ids")
+
+
+def continuation_body(api: str, obj: dict[str, Any], transcript: Transcript) -> bytes:
+    """The client's request carrying the answer so far, with its token budgets lowered by it."""
+    cut_refusal(obj, transcript)
+    body = dict(obj)
+    produced = transcript.produced
+    for key in _BUDGETS:
+        if type(obj.get(key)) is int:
+            body[key] = obj[key] - produced
+    if type(obj.get("min_tokens")) is int:
+        body["min_tokens"] = max(0, obj["min_tokens"] - produced)
+    text = transcript.text
+    if api == "chat_completions":
+        messages = list(obj["messages"])
+        if obj.get("continue_final_message") is True:
+            last = messages[-1]
+            messages[-1] = {**last, "content": last["content"] + text}
+        else:
+            messages.append({"role": "assistant", "content": text})
+        body["messages"] = messages
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
+    else:
+        body["prompt"] = _continued_prompt(obj["prompt"], transcript)
+    return orjson.dumps(body)
+
+
+def _continued_prompt(prompt: Any, transcript: Transcript) -> str | list[int]:
+    exact = transcript.exact_tokens
+    if exact is not None and transcript.prompt_token_ids is not None:
+        return transcript.prompt_token_ids + exact  # token for token: no re-tokenization
+    if type(prompt) is list and len(prompt) == 1:
+        prompt = prompt[0]
+    if type(prompt) is list:
+        assert exact is not None  # (cut_refusal)
+        return [*prompt, *exact]
+    return str(prompt) + transcript.text

@@ -1,0 +1,108 @@
+"""What the client has received of a streamed chat or completions answer: the text a continuation
+must carry, the tokens it must subtract, and the first chunk's identity every later chunk repeats.
+
+The chat dialect hands every chunk object it parsed to `note` (one call per event, no second parse),
+so the transcript grows with the first stream and with every stitched continuation alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["IDENTITY_KEYS", "Transcript"]
+
+# The chunk fields that name the answer; a continuation's chunks carry the first stream's values.
+IDENTITY_KEYS = ("id", "created", "model", "system_fingerprint")
+# Delta keys that are not output: anything else with a value is output the proxy cannot continue
+# (reasoning, tool calls, refusals, audio), except `content`, which it can.
+_NOT_OUTPUT = frozenset({"role", "content"})
+
+
+def _token_ids(value: object) -> list[int] | None:
+    if type(value) is list and all(type(item) is int for item in value):
+        return value
+    return None
+
+
+class Transcript:
+    """The answer so far of one streamed exchange (choice 0: continued requests have one choice)."""
+
+    __slots__ = (
+        "_ids_complete",
+        "_parts",
+        "content_events",
+        "identity",
+        "other_output",
+        "prompt_token_ids",
+        "reported_completion",
+        "token_ids",
+    )
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self.identity: dict[str, Any] | None = None  # the first chunk's id, created, model, fingerprint
+        self.content_events = 0  # chunks that carried text
+        self.token_ids: list[int] = []  # the generated tokens, where the backend returns them
+        self._ids_complete = True  # every text chunk came with its token ids
+        self.prompt_token_ids: list[int] | None = None  # the prompt as the backend tokenized it
+        self.reported_completion: int | None = None  # per-chunk usage (vLLM continuous_usage_stats)
+        self.other_output = False  # output that is not text was received
+
+    @property
+    def text(self) -> str:
+        if len(self._parts) > 1:
+            self._parts[:] = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
+
+    @property
+    def exact_tokens(self) -> list[int] | None:
+        """The generated token ids when the backend gave them for every chunk, else None."""
+        return self.token_ids if self._ids_complete and self.token_ids else None
+
+    @property
+    def produced(self) -> int:
+        """Completion tokens received: exact from token ids or per-chunk usage, else one per chunk.
+
+        The backends here stream one token per chunk unless a token ends inside a multi-byte
+        character or the engine batches its output, so the chunk count never exceeds the tokens.
+        """
+        exact = self.exact_tokens
+        if exact is not None:
+            return len(exact)
+        if self.reported_completion is not None:
+            return self.reported_completion
+        return self.content_events
+
+    def note(self, obj: dict[str, Any]) -> None:
+        """One chunk object of the stream as the client receives it."""
+        if self.identity is None:
+            self.identity = {key: obj[key] for key in IDENTITY_KEYS if key in obj}
+        choices = obj.get("choices")
+        if type(choices) is not list:
+            return
+        if self.prompt_token_ids is None:
+            self.prompt_token_ids = _token_ids(obj.get("prompt_token_ids"))
+        usage = obj.get("usage")
+        if choices and type(usage) is dict and type(usage.get("completion_tokens")) is int:
+            self.reported_completion = usage["completion_tokens"]
+        for choice in choices:
+            if type(choice) is not dict or choice.get("index", 0) != 0:
+                continue
+            if self.prompt_token_ids is None:  # (vLLM's completions put it on the choice)
+                self.prompt_token_ids = _token_ids(choice.get("prompt_token_ids"))
+            delta = choice.get("delta")
+            if type(delta) is dict:
+                text = delta.get("content")
+                if any(value for key, value in delta.items() if key not in _NOT_OUTPUT):
+                    self.other_output = True
+            else:
+                text = choice.get("text")
+            ids = _token_ids(choice.get("token_ids"))
+            if ids is not None:  # (a token may end inside a character: ids without text)
+                self.token_ids.extend(ids)
+            if type(text) is not str or not text:
+                continue
+            self._parts.append(text)
+            self.content_events += 1
+            if ids is None:
+                self._ids_complete = False

@@ -1,0 +1,363 @@
+"""--resume-on-cut's sans-IO core: the refusal rules, the continuation request, the stitcher, and the
+guard that asks before it ends a committed stream (fed whole, at every split and byte by byte)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.core.dialects import DIALECTS
+from proxy.core.guard import Step, StreamGuard
+from proxy.core.resume import Refusal, Resumer, Stitcher, Transcript, continuation_body, request_refusal
+from proxy.core.resume.rules import cut_refusal, parse_request
+from proxy.core.sse import Event, SSEReader
+
+# ---- streams -----------------------------------------------------------------------------------
+
+FIRST = {"id": "chatcmpl-first", "created": 100, "model": "m-first", "system_fingerprint": "fp-first"}
+SECOND = {"id": "chatcmpl-second", "created": 200, "model": "m-second", "system_fingerprint": "fp-second"}
+
+
+def data(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def chunk(who: dict[str, Any], delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish, **extra}
+    return data({**who, "object": "chat.completion.chunk", "choices": [choice]})
+
+
+def text_chunk(who: dict[str, Any], text: str, finish: str | None = None, **extra: Any) -> bytes:
+    return data({**who, "object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": finish,
+                                                                   **extra}]})
+
+
+def usage(who: dict[str, Any], prompt: int, completion: int) -> bytes:
+    counts = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return data({**who, "object": "chat.completion.chunk", "choices": [], "usage": counts})
+
+
+DONE = b"data: [DONE]\n\n"
+ROLE = {"role": "assistant", "content": ""}
+WORDS = ["The", " cat", " sat", " on", " the", " mat"]
+
+# An uncut answer of six tokens for a prompt of 9, and the same answer cut after three.
+UNCUT = (
+    chunk(FIRST, ROLE) + b"".join(chunk(FIRST, {"content": w}) for w in WORDS)
+    + chunk(FIRST, {}, "length") + usage(FIRST, 9, 6) + DONE
+)
+HEAD = chunk(FIRST, ROLE) + b"".join(chunk(FIRST, {"content": w}) for w in WORDS[:3])
+SO_FAR = "".join(WORDS[:3])
+
+
+def continuation(echo: bool) -> bytes:
+    """A backend continuing after "The cat sat": prompt 9 + 3, three more tokens; llama-server style echo or not."""
+    first = SO_FAR + WORDS[3] if echo else WORDS[3]
+    return (
+        chunk(SECOND, {"role": "assistant", "content": None}) + chunk(SECOND, {"content": first})
+        + b"".join(chunk(SECOND, {"content": w}) for w in WORDS[4:])
+        + chunk(SECOND, {}, "length") + usage(SECOND, 12, 3) + DONE
+    )
+
+
+CHAT_REQUEST = {
+    "model": "m", "stream": True, "messages": [{"role": "user", "content": "Say it."}], "max_tokens": 6,
+    "temperature": 0, "seed": 7, "stream_options": {"include_usage": True}, "top_p": 0.5,
+}
+
+
+def events(stream: bytes) -> list[Event]:
+    reader = SSEReader()
+    return [item for item in reader.feed(stream) + reader.close() if isinstance(item, Event)]
+
+
+def objects(stream: bytes) -> list[Any]:
+    return [orjson.loads(e.data) if e.data != b"[DONE]" else "[DONE]" for e in events(stream) if e.data]
+
+
+def transcript_of(stream: bytes) -> Transcript:
+    transcript = Transcript()
+    for obj in objects(stream):
+        if obj != "[DONE]":
+            transcript.note(obj)
+    return transcript
+
+
+# ---- the refusal rules -----------------------------------------------------------------------------
+
+REFUSED = [
+    {"tools": [{"type": "function", "function": {"name": "f"}}]},
+    {"tool_choice": "auto"},
+    {"functions": [{"name": "f"}]},
+    {"function_call": "auto"},
+    {"n": 2},
+    {"best_of": 3},
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+    {"guided_json": {"type": "object"}},
+    {"guided_regex": "a+"},
+    {"guided_grammar": "root ::= x"},
+    {"guided_choice": ["a", "b"]},
+    {"structured_outputs": {"json": {}}},
+    {"grammar": "root ::= x"},
+    {"json_schema": {"type": "object"}},
+    {"logprobs": True},
+    {"logprobs": 0},
+    {"top_logprobs": 2},
+    {"echo": True},
+    {"stream": False},
+    {"max_tokens": "10"},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+    {"messages": []},
+]
+
+
+@pytest.mark.parametrize("extra", REFUSED, ids=lambda e: "-".join(f"{k}={v}" for k, v in e.items())[:40])
+def test_requests_a_continuation_cannot_be_faithful_to_are_refused(extra: dict[str, Any]) -> None:
+    with pytest.raises(Refusal):
+        request_refusal("chat_completions", {**CHAT_REQUEST, **extra})
+
+
+@pytest.mark.parametrize("extra", [{}, {"response_format": {"type": "text"}}, {"logprobs": False}, {"n": 1},
+                                   {"tools": []}, {"tool_choice": None}, {"stop": ["\n"]}, {"logit_bias": {"5": -1}}])
+def test_plain_requests_are_accepted(extra: dict[str, Any]) -> None:
+    request_refusal("chat_completions", {**CHAT_REQUEST, **extra})
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], 5, None, []])
+def test_completions_batches_and_non_prompts_are_refused(prompt: object) -> None:
+    with pytest.raises(Refusal):
+        request_refusal("completions", {"model": "m", "stream": True, "prompt": prompt})
+
+
+@pytest.mark.parametrize(("api", "body"), [("responses", b'{"stream":true}'), ("chat_completions", b"{nope"),
+                                           ("chat_completions", b"[1]"), ("messages", b"{}")])
+def test_other_apis_and_unreadable_bodies_are_refused(api: str, body: bytes) -> None:
+    with pytest.raises(Refusal):
+        parse_request(api, body)
+
+
+def test_an_answer_with_reasoning_or_its_budget_used_is_not_continued() -> None:
+    reasoning = transcript_of(chunk(FIRST, {"reasoning_content": "hmm"}) + chunk(FIRST, {"content": "A"}))
+    with pytest.raises(Refusal, match="other than text"):
+        cut_refusal(CHAT_REQUEST, reasoning)
+    with pytest.raises(Refusal, match="max_tokens"):
+        cut_refusal({**CHAT_REQUEST, "max_tokens": 3}, transcript_of(HEAD))
+    with pytest.raises(Refusal, match="nothing"):
+        cut_refusal(CHAT_REQUEST, transcript_of(chunk(FIRST, ROLE)))
+    cut_refusal({**CHAT_REQUEST, "max_tokens": 4}, transcript_of(HEAD))
+
+
+# ---- the continuation request -------------------------------------------------------------------
+
+
+def test_chat_continuation_appends_the_answer_and_keeps_every_other_field() -> None:
+    body = orjson.loads(continuation_body("chat_completions", CHAT_REQUEST, transcript_of(HEAD)))
+    assert body["messages"] == [*CHAT_REQUEST["messages"], {"role": "assistant", "content": SO_FAR}]
+    assert body["continue_final_message"] is True
+    assert body["add_generation_prompt"] is False
+    assert body["max_tokens"] == 3
+    rest = {k: v for k, v in body.items() if k not in ("messages", "continue_final_message", "add_generation_prompt",
+                                                       "max_tokens")}
+    assert rest == {k: v for k, v in CHAT_REQUEST.items() if k not in ("messages", "max_tokens")}
+
+
+def test_a_client_prefill_is_continued_in_place_and_both_budgets_lowered() -> None:
+    request = {**CHAT_REQUEST, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "Once"}],
+               "continue_final_message": True, "add_generation_prompt": False, "max_completion_tokens": 10,
+               "min_tokens": 2}
+    body = orjson.loads(continuation_body("chat_completions", request, transcript_of(HEAD)))
+    assert body["messages"][-1] == {"role": "assistant", "content": "Once" + SO_FAR}
+    assert len(body["messages"]) == 2
+    assert (body["max_tokens"], body["max_completion_tokens"], body["min_tokens"]) == (3, 7, 0)
+
+
+def test_completions_continue_the_prompt_with_text_or_token_for_token() -> None:
+    request = {"model": "m", "stream": True, "prompt": "Once", "max_tokens": 5}
+    head = text_chunk(FIRST, " upon") + text_chunk(FIRST, " a")
+    body = orjson.loads(continuation_body("completions", request, transcript_of(head)))
+    assert body["prompt"] == "Once upon a"
+    assert body["max_tokens"] == 3
+    # vLLM with return_token_ids: the prompt's ids come first, then one or more ids per chunk
+    with_ids = (text_chunk(FIRST, " upon", token_ids=[11], prompt_token_ids=[1, 5])
+                + text_chunk(FIRST, "", token_ids=[12]) + text_chunk(FIRST, " a", token_ids=[13]))
+    transcript = transcript_of(with_ids)
+    assert transcript.produced == 3
+    body = orjson.loads(continuation_body("completions", request, transcript))
+    assert body["prompt"] == [1, 5, 11, 12, 13]
+    assert body["max_tokens"] == 2
+    with pytest.raises(Refusal, match="token-id prompt"):
+        continuation_body("completions", {**request, "prompt": [1, 5]}, transcript_of(head))
+
+
+# ---- the stitcher -----------------------------------------------------------------------------------
+
+
+def stitched(transcript: Transcript, stream: bytes) -> list[Any]:
+    stitcher = Stitcher(transcript)
+    out = [stitcher.rewrite(e) for e in events(stream)]
+    return objects(b"".join(e.raw for e in out if e is not None))
+
+
+@pytest.mark.parametrize("echo", [False, True], ids=["no-echo", "echo"])
+def test_the_continuation_reads_as_the_rest_of_the_first_stream(echo: bool) -> None:
+    rest = stitched(transcript_of(HEAD), continuation(echo))
+    whole = objects(HEAD) + rest
+    assert whole == objects(UNCUT)
+
+
+def test_a_first_token_that_only_starts_like_the_answer_is_kept() -> None:
+    transcript = transcript_of(chunk(FIRST, ROLE) + chunk(FIRST, {"content": "ab"}) + chunk(FIRST, {"content": "c"}))
+    rest = stitched(transcript, chunk(SECOND, {"content": "ab"}) + chunk(SECOND, {"content": "abcX"}))
+    assert [c["choices"][0]["delta"]["content"] for c in rest] == ["ab", "abcX"]
+    rest = stitched(transcript, chunk(SECOND, {"content": "abcX"}))
+    assert [c["choices"][0]["delta"]["content"] for c in rest] == ["X"]
+
+
+def test_errors_comments_and_done_pass_the_stitcher_untouched() -> None:
+    stitcher = Stitcher(transcript_of(HEAD))
+    for raw in (b": keep-alive\n\n", DONE, data({"error": {"message": "x", "code": 503}}), b"data: {broken\n\n"):
+        (event,) = events(raw)
+        assert stitcher.rewrite(event) is event
+
+
+# ---- the guard asks before it ends a committed stream -----------------------------------------------
+
+
+def run(guard: StreamGuard, stream: bytes, splits: list[int]) -> tuple[bytes, Step]:
+    """Feed `stream` cut at `splits`; returns what was written and the last non-empty step."""
+    out, last = [], Step()
+    cuts = [0, *sorted(set(s % (len(stream) + 1) for s in splits)), len(stream)]
+    for a, b in itertools.pairwise(cuts):
+        if a == b:
+            continue
+        step = guard.feed(stream[a:b])
+        out.append(step.data)
+        if step.done or step.resume:
+            return b"".join(out), step
+        last = step
+    return b"".join(out), last
+
+
+def resumed_guard(limit: int = 2, request: dict[str, Any] | None = None) -> tuple[StreamGuard, Resumer]:
+    resumer = Resumer("chat_completions", orjson.dumps(request or CHAT_REQUEST), limit)
+    guard = StreamGuard(DIALECTS["chat_completions"], hold=True, may_resume=resumer.may_resume)
+    resumer.watch(guard.stream)
+    return guard, resumer
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=4000), max_size=6), st.booleans(),
+       st.sampled_from(["eof", "stall_timeout", "stray", "frame"]))
+def test_a_cut_stream_continued_gives_the_client_the_uncut_answer(splits: list[int], echo: bool, how: str) -> None:
+    guard, resumer = resumed_guard()
+    partial = b'data: {"id":"chatcmpl-first","choi'  # bytes of an event the cut left unfinished
+    written, step = run(guard, HEAD + partial, splits)
+    if how == "eof":
+        step = guard.end_of_stream()
+    elif how == "stall_timeout":
+        step = guard.fail("stall_timeout")
+    elif how == "stray":
+        step = guard.feed(b"\n\nHTTP/1.0 503 Service Unavailable\r\nRetry-After: 1\r\n\r\n{}\n\n")
+    else:
+        step = guard.feed(b"\n\n" + data({"error": {"message": "busy", "type": "server_error", "code": 503}}))
+    assert step.resume is not None
+    assert not step.done
+    written += step.data
+    guard.resume(resumer.started().rewrite)
+    rest, step = run(guard, continuation(echo), splits)
+    assert step.done
+    assert step.outcome == "ok"
+    assert objects(written + rest) == objects(UNCUT)
+    assert resumer.resumes == 1
+    assert resumer.decisions == [(step_reason(how), "resumed")]
+    assert guard.usage is not None
+    assert (guard.usage.prompt_tokens, guard.usage.completion_tokens) == (9, 6)
+
+
+def step_reason(how: str) -> str:
+    return {"eof": "stream_cut", "stall_timeout": "stall_timeout", "stray": "stray_http_block",
+            "frame": "upstream_error_frame"}[how]
+
+
+STRAY_503 = b'HTTP/1.0 503 Service Unavailable\r\nRetry-After: 2\r\n\r\n{"error":"busy"}\n\n'
+FAILURES = {
+    "eof": lambda g: g.end_of_stream(),
+    "cut": lambda g: g.fail("stream_cut"),
+    "stall": lambda g: g.fail("stall_timeout"),
+    "stray-503": lambda g: g.feed(STRAY_503),
+    "frame-503": lambda g: g.feed(data({"error": {"message": "busy", "type": "server_error", "code": 503}})),
+}
+
+
+@pytest.mark.parametrize("how", list(FAILURES))
+def test_giving_up_ends_exactly_as_without_the_flag(how: str) -> None:
+    plain = StreamGuard(DIALECTS["chat_completions"], hold=True)
+    head, _ = run(plain, HEAD, [])
+    end = FAILURES[how](plain)
+    guard, _resumer = resumed_guard()
+    head2, _ = run(guard, HEAD, [])
+    step = FAILURES[how](guard)
+    assert step.resume
+    assert not step.data
+    if how == "stray-503":
+        assert guard.retry_after == "2"
+    gave_up = guard.give_up()
+    assert (head2, gave_up.data, gave_up.done, gave_up.reason) == (head, end.data, end.done, end.reason)
+    assert guard.rewrites == plain.rewrites
+    assert guard.events == plain.events
+
+
+@pytest.mark.parametrize(("failure", "resumes"), [
+    (lambda g: g.feed(b"HTTP/1.0 400 Bad Request\r\n\r\nbad\n\n"), False),
+    (lambda g: g.feed(data({"error": {"message": "bad", "type": "invalid_request_error", "code": 400}})), False),
+    (lambda g: g.fail("shutdown"), False),
+    (lambda g: g.feed(b"HTTP/1.0 429 Too Many Requests\r\n\r\nslow\n\n"), True),
+], ids=["stray-400", "frame-400", "shutdown", "stray-429"])
+def test_only_breaks_a_continuation_can_mend_are_asked_about(failure: Any, resumes: bool) -> None:
+    guard, resumer = resumed_guard()
+    run(guard, HEAD, [])
+    step = failure(guard)
+    assert bool(step.resume) is resumes
+    assert step.done is not resumes
+    assert resumer.decisions == []  # a yes is booked when the continuation answers
+
+
+def test_the_limit_and_refused_requests_are_booked_and_end_as_today() -> None:
+    guard, resumer = resumed_guard(limit=1)
+    run(guard, HEAD, [])
+    assert guard.fail("stream_cut").resume == "stream_cut"
+    guard.resume(resumer.started().rewrite)
+    run(guard, chunk(SECOND, {"content": " on"}), [])
+    step = guard.end_of_stream()
+    assert step.done
+    assert step.reason == "stream_cut"
+    assert b'"code":"stream_cut"' in step.data
+    assert resumer.decisions == [("stream_cut", "resumed"), ("stream_cut", "refused")]
+    assert "limit" in (resumer.refusal or "")
+
+    guard, resumer = resumed_guard(request={**CHAT_REQUEST, "tools": [{"type": "function"}]})
+    run(guard, HEAD, [])
+    assert guard.fail("stream_cut").done
+    assert resumer.decisions == [("stream_cut", "refused")]
+    assert "tools" in (resumer.refusal or "")
+
+
+def test_a_failed_continuation_counts_and_a_break_before_the_commit_is_never_resumed() -> None:
+    guard, resumer = resumed_guard()
+    run(guard, HEAD, [])
+    assert guard.fail("stream_cut").resume
+    resumer.failed("503 from the continuation")
+    assert guard.give_up().done
+    assert resumer.decisions == [("stream_cut", "failed")]
+    guard, resumer = resumed_guard()
+    step = guard.feed(chunk(FIRST, ROLE))
+    step = guard.fail("stream_cut")
+    assert step.failure is not None
+    assert step.failure.status == 502
+    assert resumer.decisions == []
