@@ -344,6 +344,10 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "workers": (
         _workers, "1", "worker processes sharing the main port (SO_REUSEPORT); auto: the CPUs this process may use",
     ),
+    "resume-on-cut": (
+        _count, "0", "continue a chat or completions stream cut mid-answer on the same upstream, at most N "
+        "times per request (0: off)",
+    ),
     # Traces. Also read from OTEL_EXPORTER_OTLP_ENDPOINT (see config_from_args).
     "otlp-endpoint": (_optional_url, "", "OTLP/HTTP collector base URL for traces; needs streamwarden[otel]"),
 }
@@ -398,6 +402,7 @@ class Config:
     cancel_hook: tuple[CancelHook, ...] = ()
     workers: int = _default("workers")  # more than 1: a supervisor and N workers (proxy.workers); 0: auto
     otlp_endpoint: str | None = _default("otlp-endpoint")  # OpenTelemetry traces over OTLP/HTTP; None: off
+    resume_on_cut: int = _default("resume-on-cut")  # continuations per streamed request (proxy.core.resume); 0: off
 
     @property
     def admin_listen_host(self) -> str:

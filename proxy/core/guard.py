@@ -235,6 +235,8 @@ class StreamGuard:
         if pending is None or self._done:
             return Step()
         self._pending = None
+        if pending.reason in ("stray_http_block", "upstream_error_frame"):
+            self.upstream_message = pending.message  # what the upstream said, as without the flag
         step, out = Step(), list[bytes]()
         if pending.raw is not None:  # (the upstream's own error frame and the dialect's ending)
             step.data = pending.raw
@@ -249,11 +251,14 @@ class StreamGuard:
 
     def _resumes(self, step: Step, out: list[bytes], pending: _Pending) -> Step | None:
         """The one place a committed stream's failure may become a continuation instead of an end."""
-        if self._may_resume is None or not self.committed or pending.rewrite == "oversized_event":
+        if self._may_resume is None or not self.content_events or pending.rewrite == "oversized_event":
+            return None  # (content commits: a stream with content is always committed)
+        if self._pending is not None:  # asked already: a second failure meanwhile ends the stream
             return None
         if not self._may_resume(pending.reason, pending.status):
             return None
         self._pending = pending
+        self.upstream_message = None  # (a mended break is not what the exchange ended with)
         if out:
             step.data = _join(out)
         step.resume = pending.reason

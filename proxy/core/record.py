@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.core.dialects import Usage
 from proxy.core.latency import TokenGaps
+
+if TYPE_CHECKING:
+    from proxy.core.resume import Resumer
 
 __all__ = ["ExchangeRecord"]
 
@@ -49,6 +52,7 @@ class ExchangeRecord:
     finish_reasons: tuple[str, ...] = ()
     booked: bool = False  # its metrics and log line are written
     span: Any = None  # the OpenTelemetry span, when tracing is on
+    resumer: Resumer | None = None  # --resume-on-cut: the stream's continuations and decisions
 
     def record_usage(self, usage: Usage | None) -> None:
         """The upstream's own token counts (when it gave them), and which model answered and why it stopped."""

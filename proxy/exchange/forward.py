@@ -15,10 +15,14 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
+from multidict import CIMultiDict
+
+from proxy.config import Config
 from proxy.core.dialects import Dialect, RequestInfo, for_request, inspect_request
 from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
+from proxy.core.resume import RESUMABLE_APIS, Resumer
 from proxy.exchange.body_io import respond_whole
 from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client import ClientRequest
@@ -27,6 +31,7 @@ from proxy.exchange.drain import drain
 from proxy.exchange.failures import Refusal, UpstreamFailure, first_byte_timeout
 from proxy.exchange.interrupts import Interrupted, Interrupter
 from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
+from proxy.exchange.resume_io import Resuming, continuation_headers, open_continuation
 from proxy.exchange.state import ProxyState
 from proxy.exchange.stream_io import is_stream, relay_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink
@@ -130,6 +135,7 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     )
     ex.model, ex.stream = info.model, info.stream
     headers = upstream_headers(request, state, dialect, ex)
+    resumer = _resumer(cfg, dialect, info, body, request.headers.get("Content-Encoding"))
     data = body if body or request.method not in _NO_BODY_METHODS else None
     life.sent()
     try:
@@ -158,13 +164,53 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     life.headers_received(stream=stream)
     if stream:
         ex.stream = True
-        flight.guard = StreamGuard(dialect, hold=cfg.hold_headers > 0, max_event_size=cfg.max_event_size)
-        return await relay_stream(link, head, flight.guard, flight.out, life, ex, cfg, flight.interrupter)
+        may_resume = resumer.may_resume if resumer is not None else None
+        flight.guard = StreamGuard(
+            dialect, hold=cfg.hold_headers > 0, max_event_size=cfg.max_event_size, may_resume=may_resume
+        )
+        resuming = None
+        if resumer is not None:
+            if resumer.possible:  # (else every break is refused: no transcript to keep)
+                resumer.watch(flight.guard.stream)
+            ex.resumer = resumer
+            resuming = _resuming(state, flight, resumer, target, headers)
+        return await relay_stream(
+            link, head, flight.guard, flight.out, life, ex, cfg, flight.interrupter, resuming
+        )
     reader = flight.reader = BodyReader(link)
     return await respond_whole(
         reader, head, flight.out, life, ex, dialect, info, flight.interrupter,
         max_body_size=cfg.max_body_size, idle_timeout=cfg.idle_timeout,
     )
+
+
+def _resumer(
+    cfg: Config, dialect: Dialect, info: RequestInfo, body: bytes | bytearray, encoding: str | None
+) -> Resumer | None:
+    """--resume-on-cut: the decisions of a streamed chat or completions request (None: not one)."""
+    if not cfg.resume_on_cut or not info.stream or dialect.name not in RESUMABLE_APIS:
+        return None
+    if (encoding and encoding.strip().lower() != "identity") or len(body) > INFLATE_LIMIT:
+        body = b""  # refused: a compressed body (the continuation is plain JSON), or one too large to parse twice
+    return Resumer(dialect.name, body, cfg.resume_on_cut)
+
+
+def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str, headers: CIMultiDict[str]) -> Resuming:
+    """How this exchange sends a continuation: the same upstream, the client's headers, a plain JSON body."""
+    cfg, pool = state.config, state.upstream
+    sent = continuation_headers(headers)
+
+    async def reopen(body: bytes) -> UpstreamLink:
+        if flight.link is not None:  # the broken response: its connection is never reused
+            pool.close_link(flight.link)
+            flight.link = None
+        link, head = await open_continuation(
+            pool, target, sent, body, first_byte_timeout=cfg.first_byte_timeout, interrupter=flight.interrupter
+        )
+        flight.link, flight.head = link, head
+        return link
+
+    return Resuming(resumer, reopen, flight.interrupter, cfg.first_byte_timeout)
 
 
 async def _tell(

@@ -15,7 +15,8 @@ from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Lifecycle
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.client_io import ClientGone, ClientStalled, ClientWriter, ResponseHead
-from proxy.exchange.interrupts import Interrupter
+from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.resume_io import Resuming, with_keepalives
 from proxy.exchange.stream_relay import KEEPALIVE, Need, StreamRelay, count_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink
 
@@ -50,8 +51,14 @@ async def relay_stream(
     ex: ExchangeRecord,
     cfg: Config,
     interrupter: Interrupter,
+    resuming: Resuming | None = None,
 ) -> None:
-    """Relay the stream until the guard or the lifecycle ends it."""
+    """Relay the stream until the guard or the lifecycle ends it.
+
+    With `resuming` (--resume-on-cut), the relay's `RESUME` is carried out here, in one place: the
+    continuation's connection replaces the upstream's, or the relay gives up as the stream would have
+    ended without the flag.
+    """
     response = stream_response(head, ex.request_id)
     if cfg.hold_headers <= 0:
         await out.commit(response)
@@ -73,6 +80,9 @@ async def relay_stream(
                 headers = {"X-Request-Id": ex.request_id, **failure.headers}
                 await out.whole(failure.status, failure.body, headers)
                 return
+            elif need is Need.RESUME:
+                assert resuming is not None
+                await _resume(relay, resuming, guard, cfg, interrupter)
             elif need is Need.STALLED:
                 raise ClientStalled
             elif need is Need.GONE:
@@ -82,6 +92,31 @@ async def relay_stream(
                 raise relay.bug
     finally:
         relay.stop()
-        if not link.complete:
-            link.pause_reading()  # nothing more reaches a finished relay (a drain that takes over resumes it)
+        if not relay.link.complete:
+            relay.link.pause_reading()  # nothing more reaches a finished relay (a drain that takes over resumes it)
         count_stream(guard, ex)
+
+
+async def _resume(
+    relay: StreamRelay, resuming: Resuming, guard: StreamGuard, cfg: Config, interrupter: Interrupter
+) -> None:
+    """The stream broke and the guard asked to continue: a continuation, or the end it would have had."""
+    reason = relay.resume_reason
+    assert reason is not None
+
+    async def keepalive() -> bool:
+        if not relay.keepalive():
+            raise ClientGone("the client closed the connection")
+        return True
+
+    try:
+        link = await with_keepalives(resuming.carry_on(guard, reason), keepalive, cfg.keepalive_interval)
+    except Interrupted:
+        interrupter.watch(relay.interrupt)
+        relay.give_up_for_shutdown()
+        return
+    interrupter.watch(relay.interrupt)
+    if link is None:
+        relay.give_up()
+    else:
+        relay.relink(link)

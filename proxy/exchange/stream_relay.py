@@ -9,9 +9,11 @@ the hold window, the idle timeout and the keep-alive comments, re-armed only whe
 
 The handler's coroutine wakes only when the relay needs it: to send the status line and headers
 (`Need.COMMIT`; the upstream is paused meanwhile and what the guard said after is kept in order),
-to finish the response (`END`), to send a failure as a real status (`FAILURE`), or when the client
-left or stalled (`GONE`, `STALLED`). The verdicts are the lifecycle's and the guard's; the relay only
-turns socket facts into their inputs.
+to finish the response (`END`), to send a failure as a real status (`FAILURE`), when the client
+left or stalled (`GONE`, `STALLED`), or, with --resume-on-cut, to send a continuation (`RESUME`: the
+upstream broke and the guard asked to continue; `relink` then carries on with the continuation's
+connection, `give_up` ends as the stream would have without the flag). The verdicts are the
+lifecycle's and the guard's; the relay only turns socket facts into their inputs.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Need(Enum):
     FAILURE = "failure"
     GONE = "gone"
     STALLED = "stalled"
+    RESUME = "resume"
     BUG = "bug"
 
 
@@ -62,9 +65,10 @@ def count_stream(guard: StreamGuard, ex: ExchangeRecord) -> None:
 
 
 class StreamRelay:
-    __slots__ = ("_asked", "_client", "_clock", "_committed", "_final", "_guard", "_hold_until", "_idle",
+    __slots__ = ("_asked", "_broke", "_client", "_clock", "_committed", "_final", "_guard", "_hold_until", "_idle",
                  "_interval", "_last_heard", "_last_sent", "_life", "_link", "_loop", "_paused", "_pending",
-                 "_pending_done", "_stall", "_stall_timer", "_waiter", "bug", "ex", "failure")  # fmt: skip
+                 "_pending_done", "_stall", "_stall_timer", "_waiter", "bug", "ex", "failure",
+                 "resume_reason")  # fmt: skip
 
     def __init__(
         self, link: UpstreamLink, guard: StreamGuard, life: Lifecycle, ex: ExchangeRecord, cfg: Config,
@@ -87,6 +91,8 @@ class StreamRelay:
         self._stall_timer: asyncio.TimerHandle | None = None
         self.failure: Failure | None = None
         self.bug: BaseException | None = None
+        self._broke: Reason | None = None  # a failure of the upstream's socket, told to the lifecycle if it ends
+        self.resume_reason: str | None = None  # Need.RESUME: why the stream broke
         if client is not None:
             client.on_flow(self._client_paused, self._client_drained)
         self._clock: asyncio.TimerHandle | None = loop.call_at(self._deadline(), self._tick)
@@ -94,17 +100,17 @@ class StreamRelay:
     # ---- BodySink: the upstream connection's callbacks ----------------------------------------------
 
     def body(self, data: bytes) -> None:
-        if self._final is None:
+        if self._final is None and self.resume_reason is None:
             self._last_heard = self._loop.time()
             self._run(self._guard.feed, data)
 
     def end(self) -> None:
-        if self._final is None:
+        if self._final is None and self.resume_reason is None:
             self._run(self._guard.end_of_stream)
 
     def failed(self, failure: UpstreamFailure) -> None:
-        if self._final is None:
-            self._life.upstream_failed(Reason.STREAM_CUT)
+        if self._final is None and self.resume_reason is None:  # (after a break: a continuation is due)
+            self._broke = Reason.STREAM_CUT
             self._run(self._guard.fail, Reason.STREAM_CUT)
 
     # ---- shutdown, and the handler's side ------------------------------------------------------------
@@ -138,10 +144,48 @@ class StreamRelay:
             self._write(data)
         if self._pending_done:
             self._finish(Need.END)
+        elif self.resume_reason is not None:
+            self._finish(Need.RESUME)
         elif self._final is None:
             if not self._paused:
                 self._link.resume_reading()
             self._rearm()
+
+    @property
+    def link(self) -> UpstreamLink:
+        return self._link
+
+    def relink(self, link: UpstreamLink) -> None:
+        """Need.RESUME was answered with a continuation: its body comes next, through the same guard."""
+        self._link, self._final, self._broke, self.resume_reason = link, None, None, None
+        self._last_heard = self._last_sent = self._loop.time()
+        link.attach(self)
+        if self._paused:
+            link.pause_reading()
+            self._stall_timer = self._loop.call_later(self._stall, self._stalled)
+        if self._final is None:
+            self._rearm()
+
+    def give_up(self) -> None:
+        """Need.RESUME found no continuation: the stream ends with the failure it broke with."""
+        self._final = None
+        self._run(self._guard.give_up)
+
+    def give_up_for_shutdown(self) -> None:
+        """Shutdown came while a continuation was awaited: the stream ends with `shutdown`."""
+        self._final = None
+        self._life.interrupted()
+        self._run(self._guard.fail, Reason.SHUTDOWN)
+
+    def keepalive(self) -> bool:
+        """A keep-alive comment now, while a continuation is awaited; False when the client is gone."""
+        client = self._client
+        if client is None or not self._guard.keepalive_safe:
+            return True
+        if not client.write_raw(KEEPALIVE):
+            return False
+        self.ex.bytes_out += len(KEEPALIVE)
+        return True
 
     def stop(self) -> None:
         """The exchange is over: no timer stays armed, no callback reaches the client."""
@@ -168,7 +212,18 @@ class StreamRelay:
                 ex.first_content_at = now
             ex.note_content(now, step.content_events)
         if step.done:
+            if self._broke is not None:  # the upstream's socket failed: its reason, its cancellation
+                life.upstream_failed(self._broke)
             life.guard_ended(step.outcome or "error", step.reason or Reason.PROXY_ERROR)
+        if step.resume is not None:  # --resume-on-cut: nothing more from this upstream
+            self.resume_reason = step.resume
+            self._link.pause_reading()
+            if self._committed:
+                if step.data:
+                    self._write(step.data)
+                self._finish(Need.RESUME)
+                return
+            # (else the status line is due first: `committed` asks for the continuation after it)
         if not self._committed:
             if step.failure is not None and not self._asked:
                 self.failure = step.failure
@@ -237,7 +292,7 @@ class StreamRelay:
         if self._paused or (self._asked and not self._committed):
             self._last_heard = now  # waiting on the client, not on the upstream
         if now >= self._last_heard + self._idle:
-            self._life.upstream_failed(Reason.STALL_TIMEOUT)
+            self._broke = Reason.STALL_TIMEOUT
             self._run(self._guard.fail, Reason.STALL_TIMEOUT)
         elif not self._committed:
             if not self._asked and now >= self._hold_until:

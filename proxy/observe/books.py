@@ -116,11 +116,20 @@ class Books:
             m.cancellations.labels(api=ex.api, reason=ex.upstream_cancelled).inc()
         for rewrite in ex.rewrites:
             m.rewrites.labels(api=ex.api, reason=rewrite).inc()
+        if ex.resumer is not None:
+            for broke, result in ex.resumer.decisions:
+                m.stream_resumes.labels(api=ex.api, reason=broke, result=result).inc()
         phase = self._count_abort(ex, now) if outcome == "aborted" else None
         if outcome == "ok" and ex.gaps is not None:
             self.count_latency(ex.api, ex.gaps)
         usage_source = self._count_tokens(ex, model)
-        extra = {"client_request_id": ex.client_request_id} if ex.client_request_id is not None else {}
+        extra: dict[str, Any] = {}
+        if ex.client_request_id is not None:
+            extra["client_request_id"] = ex.client_request_id
+        if ex.resumer is not None:
+            extra["resumes"] = ex.resumer.resumes
+            if any(result != "resumed" for _, result in ex.resumer.decisions):
+                extra["resume_refusal"] = ex.resumer.refusal  # why the last break was not mended
         try:
             self._log(ex, outcome, reason, now, ttft, usage_source, phase, extra)
         except Exception:  # the line must never fail the request; a bare one says what was lost
@@ -147,7 +156,7 @@ class Books:
         ttft: float | None,
         usage_source: str | None,
         phase: str | None,
-        extra: dict[str, str],
+        extra: dict[str, Any],
     ) -> None:
         if ex.upstream_message is not None:
             extra["upstream_message"] = ex.upstream_message

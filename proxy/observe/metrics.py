@@ -26,7 +26,8 @@ from proxy.core.lifecycle import Cancellation
 
 __all__ = [
     "ABORT_PHASES", "APIS", "CANCELLATION_REASONS", "CANCEL_HOOK_FAILURE_REASONS", "CONTENT_TYPE_LATEST",
-    "REWRITE_REASONS", "Metrics", "ModelLabels", "keep_values_in_memory",
+    "RESUME_APIS", "RESUME_REASONS", "RESUME_RESULTS", "REWRITE_REASONS", "Metrics", "ModelLabels",
+    "keep_values_in_memory",
 ]
 
 APIS = ("chat_completions", "completions", "responses", "messages", "embeddings", "models", "other")
@@ -41,6 +42,11 @@ REWRITE_REASONS = (
     "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
     "malformed_event", "oversized_event", "late_commit_status", "upstream_aborted",
 )
+
+# --resume-on-cut: the streams it continues, the breaks it counts, what came of each.
+RESUME_APIS = ("chat_completions", "completions")
+RESUME_REASONS = ("stream_cut", "stall_timeout", "stray_http_block", "upstream_error_frame")
+RESUME_RESULTS = ("resumed", "refused", "failed")
 
 # Where the client left: the upstream had not answered yet; a stream with no content
 # yet; a stream mid-way; a whole (non-stream) response being read or written.
@@ -172,6 +178,13 @@ class Metrics:
             "From arrival to the abort, for aborts before the first token (before_headers, before_first_token).",
             ["api"], buckets=ABORT_WAIT_BUCKETS, registry=r,
         )
+        self.stream_resumes = Counter(
+            "streamwarden_stream_resumes",
+            "--resume-on-cut: breaks of a committed stream, by why it broke and what came of it "
+            "(resumed: a continuation answered; refused: none was tried; failed: the continuation was not answered "
+            "with a stream).",
+            ["api", "reason", "result"], registry=r,
+        )
         self.upstream_up = Gauge(
             "streamwarden_upstream_up", "1 when the last upstream probe answered.", registry=r,
             multiprocess_mode="livemax",
@@ -194,6 +207,10 @@ class Metrics:
                 self.aborts.labels(api=api, phase=phase)
             for reason in CANCEL_HOOK_FAILURE_REASONS:
                 self.cancel_hook_failures.labels(api=api, reason=reason)
+        for api in RESUME_APIS:
+            for reason in RESUME_REASONS:
+                for result in RESUME_RESULTS:
+                    self.stream_resumes.labels(api=api, reason=reason, result=result)
 
     def render(self) -> bytes:
         if self.multiprocess_dir is None:

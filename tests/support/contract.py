@@ -24,6 +24,8 @@ METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "streamwarden_abort_wait_seconds": ("histogram", frozenset({"api"})),
     # issue 12: --cancel-hook calls that failed
     "streamwarden_cancel_hook_failures_total": ("counter", frozenset({"api", "reason"})),
+    # --resume-on-cut
+    "streamwarden_stream_resumes_total": ("counter", frozenset({"api", "reason", "result"})),
 }
 APIS = frozenset({"chat_completions", "completions", "responses", "messages", "embeddings", "models", "other"})
 OUTCOMES = frozenset({"ok", "error", "aborted"})
@@ -53,3 +55,6 @@ REWRITE_REASONS = frozenset({
 ABORT_PHASES = frozenset({"before_headers", "before_first_token", "mid_stream", "whole_body"})
 KINDS = frozenset({"prompt", "completion"})
 SOURCES = frozenset({"usage", "estimated"})
+RESUME_APIS = frozenset({"chat_completions", "completions"})
+RESUME_REASONS = frozenset({"stream_cut", "stall_timeout", "stray_http_block", "upstream_error_frame"})
+RESUME_RESULTS = frozenset({"resumed", "refused", "failed"})

@@ -25,6 +25,8 @@ from support.contract import (
     OUTCOMES,
     REASONS,
     REQUEST_REASONS,
+    RESUME_REASONS,
+    RESUME_RESULTS,
     REWRITE_REASONS,
     SOURCES,
 )
@@ -37,12 +39,14 @@ FIXED: dict[str, frozenset[str]] = {
     "kind": KINDS,
     "phase": ABORT_PHASES,
     "source": SOURCES,
+    "result": RESUME_RESULTS,
 }
 REASON_SETS = {
     "streamwarden_requests_total": REQUEST_REASONS,
     "streamwarden_upstream_cancellations_total": CANCELLATION_REASONS,
     "streamwarden_stream_rewrites_total": REWRITE_REASONS,
     "streamwarden_cancel_hook_failures_total": CANCEL_HOOK_FAILURE_REASONS,
+    "streamwarden_stream_resumes_total": RESUME_REASONS,
 }
 
 PROMPT = "say hi please"  # the fake counts whitespace-separated words: 3 prompt tokens

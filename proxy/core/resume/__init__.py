@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from proxy.core.resume.resumer import RESULTS, Resumer
 from proxy.core.resume.rules import (
+    RESUMABLE_APIS,
     RESUMABLE_REASONS,
     RETRYABLE_STATUSES,
     Refusal,
@@ -21,6 +22,7 @@ from proxy.core.resume.transcript import Transcript
 
 __all__ = [
     "RESULTS",
+    "RESUMABLE_APIS",
     "RESUMABLE_REASONS",
     "RETRYABLE_STATUSES",
     "Refusal",

@@ -37,7 +37,7 @@ class Resumer:
 
     __slots__ = ("_api", "_obj", "_reason", "decisions", "limit", "refusal", "resumes", "transcript")
 
-    def __init__(self, api: str, body: bytes, limit: int) -> None:
+    def __init__(self, api: str, body: bytes | bytearray, limit: int) -> None:
         self._api = api
         self.limit = limit
         self.transcript = Transcript()
@@ -96,6 +96,12 @@ class Resumer:
         assert self._reason is not None
         self.decisions.append((self._reason, "failed"))
         self.refusal = why
+        self._reason = None
+
+    def withdraw(self, why: str) -> None:
+        """After a yes, no continuation can be sent after all (the upstream asked to wait too long)."""
+        assert self._reason is not None
+        self._refuse(self._reason, why)
         self._reason = None
 
     def _refuse(self, reason: str, why: str) -> bool:

@@ -10,6 +10,7 @@ completions the prompt followed by the text, or by the token ids when the backen
 
 from __future__ import annotations
 
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ import orjson
 from proxy.core.resume.transcript import Transcript
 
 __all__ = [
+    "RESUMABLE_APIS",
     "RESUMABLE_REASONS",
     "RETRYABLE_STATUSES",
     "Refusal",
@@ -24,13 +26,14 @@ __all__ = [
     "cut_refusal",
     "parse_request",
     "request_refusal",
+    "retry_delay",
 ]
 
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Breaks worth a continuation: the connection or the backend failed, not the request.
 RESUMABLE_REASONS = frozenset({"stream_cut", "stall_timeout", "stray_http_block", "upstream_error_frame"})
 
-_APIS = frozenset({"chat_completions", "completions"})
+RESUMABLE_APIS = frozenset({"chat_completions", "completions"})
 _TOOLS = ("tools", "tool_choice", "functions", "function_call")
 # Constrained decoding (vLLM, SGLang, llama-server names): a continuation would restart the grammar.
 _GUIDED = (
@@ -44,9 +47,9 @@ class Refusal(Exception):
     """This request cannot be continued faithfully; the message says why (logged, never sent)."""
 
 
-def parse_request(api: str, body: bytes) -> dict[str, Any]:
+def parse_request(api: str, body: bytes | bytearray) -> dict[str, Any]:
     """The request's JSON object, or Refusal: only a streamed chat or completions object qualifies."""
-    if api not in _APIS:
+    if api not in RESUMABLE_APIS:
         raise Refusal(f"{api} streams are not resumed")
     try:
         obj = orjson.loads(body)
@@ -174,3 +177,22 @@ def _continued_prompt(prompt: Any, transcript: Transcript) -> str | list[int]:
         assert exact is not None  # (cut_refusal)
         return [*prompt, *exact]
     return str(prompt) + transcript.text
+
+
+def retry_delay(value: str | None, cap: float, now: float) -> float | None:
+    """Seconds a `Retry-After` (seconds or an HTTP date; `now` is the Unix time) asks to wait before the
+    continuation: 0 without one, None when it asks for longer than `cap` (then none is tried)."""
+    if value is None or not value.strip():
+        return 0.0
+    text = value.strip()
+    try:
+        delay = float(text)
+    except ValueError:
+        try:
+            delay = parsedate_to_datetime(text).timestamp() - now
+        except (TypeError, ValueError):
+            return 0.0  # unreadable: as if absent
+    if delay != delay:  # NaN
+        return 0.0
+    delay = max(0.0, delay)
+    return delay if delay <= cap else None

@@ -28,7 +28,8 @@ class Stitcher:
 
     def __init__(self, transcript: Transcript) -> None:
         self._identity = dict(transcript.identity or {})
-        self._echo: str | None = transcript.text or None  # until the first text decides it
+        # An echo is recognised only where no single token could look like one (see `_strip_echo`).
+        self._echo: str | None = transcript.text if transcript.content_events >= 2 else None
         self._shift = transcript.produced  # tokens the continuation counts as prompt
         self._prompt_ids = transcript.prompt_token_ids
 
@@ -88,8 +89,12 @@ class Stitcher:
     def _strip_echo(self, text: str) -> str:
         """The first text of a chat continuation: without the answer so far, if it repeats it.
 
-        Only a first delta that holds the whole prefix counts as an echo (that is how llama-server
-        sends it); a genuine first token rarely holds all of a prefix of several tokens.
+        vLLM, SGLang and llama-server builds that know `continue_final_message` send only new text;
+        older llama-server builds send the prefix and the first new token as one delta. A first delta
+        that starts with the whole answer so far, when that answer took two chunks or more, is such an
+        echo: one new token that repeats two or more earlier ones whole is not what a model writes
+        (a test model of single characters cannot). An answer cut after its first chunk is never
+        stripped, so an old llama-server build repeats that one token.
         """
         echo, self._echo = self._echo, None
         if echo is not None and text.startswith(echo):

@@ -80,20 +80,23 @@ class Transcript:
         choices = obj.get("choices")
         if type(choices) is not list:
             return
-        if self.prompt_token_ids is None:
+        first = not self.content_events  # (vLLM sends the prompt's ids with its first chunk only)
+        if first and self.prompt_token_ids is None:
             self.prompt_token_ids = _token_ids(obj.get("prompt_token_ids"))
         usage = obj.get("usage")
-        if choices and type(usage) is dict and type(usage.get("completion_tokens")) is int:
+        if usage and choices and type(usage) is dict and type(usage.get("completion_tokens")) is int:
             self.reported_completion = usage["completion_tokens"]
         for choice in choices:
             if type(choice) is not dict or choice.get("index", 0) != 0:
                 continue
-            if self.prompt_token_ids is None:  # (vLLM's completions put it on the choice)
+            if first and self.prompt_token_ids is None:  # (vLLM's completions put it on the choice)
                 self.prompt_token_ids = _token_ids(choice.get("prompt_token_ids"))
             delta = choice.get("delta")
             if type(delta) is dict:
                 text = delta.get("content")
-                if any(value for key, value in delta.items() if key not in _NOT_OUTPUT):
+                if (len(delta) > 1 or text is None) and any(
+                    value for key, value in delta.items() if key not in _NOT_OUTPUT
+                ):
                     self.other_output = True
             else:
                 text = choice.get("text")

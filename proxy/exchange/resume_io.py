@@ -1,0 +1,135 @@
+"""--resume-on-cut's I/O: after the guard asked for a continuation, send it and hand back its stream.
+
+The deciding is the core's (`proxy.core.resume`): the guard asks its `Resumer` where a committed
+stream would end with an error, and a yes comes here as a step with `resume`. `Resuming.carry_on`
+waits what a stray block's `Retry-After` asked (shutdown ends the wait), sends the continuation on
+the same upstream with the client's headers, and returns the new response once it answers with a
+stream; a continuation answered with a retryable status is tried again while the budget lasts; any
+other answer, or none, returns None, and the stream ends as it would have without the flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from multidict import CIMultiDict
+
+from proxy.core.guard import StreamGuard
+from proxy.core.resume import RETRYABLE_STATUSES, Resumer
+from proxy.core.resume.rules import retry_delay
+from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.upstream import UpstreamHead, UpstreamLink, UpstreamPool
+
+__all__ = ["ContinuationFailed", "Resuming", "continuation_headers", "open_continuation", "with_keepalives"]
+
+T = TypeVar("T")
+
+
+class ContinuationFailed(Exception):
+    """The continuation was answered with something other than a stream, or not at all."""
+
+    def __init__(self, message: str, status: int = 502, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.retry_after = status, retry_after
+
+
+def continuation_headers(headers: CIMultiDict[str]) -> CIMultiDict[str]:
+    """The client's request headers as sent upstream, for a body the proxy wrote (plain JSON)."""
+    copy = CIMultiDict(headers)
+    for name in ("Content-Length", "Content-Encoding", "Transfer-Encoding", "Expect"):
+        copy.popall(name, None)
+    copy["Content-Type"] = "application/json"
+    return copy
+
+
+async def open_continuation(
+    pool: UpstreamPool, target: str, headers: CIMultiDict[str], body: bytes, *,
+    first_byte_timeout: float, interrupter: Interrupter,
+) -> tuple[UpstreamLink, UpstreamHead]:
+    """POST the continuation; its link and head when it is a 2xx event stream, else ContinuationFailed."""
+    try:
+        async with asyncio.timeout(first_byte_timeout) as deadline:
+            interrupter.watch_deadline(deadline)
+            link, head = await pool.request("POST", target, headers, body)
+    except TimeoutError as exc:
+        if interrupter.fired:
+            raise Interrupted() from exc
+        raise ContinuationFailed(f"the upstream sent no response headers within {first_byte_timeout:g} s") from None
+    except UpstreamFailure as exc:
+        raise ContinuationFailed(exc.message) from exc
+    content_type = head.headers.get("Content-Type", "")
+    if 200 <= head.status < 300 and content_type.startswith("text/event-stream"):
+        return link, head
+    pool.close_link(link)
+    status, retry_after = head.status, head.headers.get("Retry-After")
+    raise ContinuationFailed(f"the continuation was answered with status {status}", status, retry_after)
+
+
+async def with_keepalives(work: Awaitable[T], keepalive: Callable[[], Awaitable[bool]], interval: float) -> T:
+    """`work`'s result; meanwhile a keep-alive comment every `interval` seconds (0: none), as while
+    the upstream is silent, so that the client and the load balancers in between keep the stream.
+    A failing write (the client left or stalled) is raised, and the work is cancelled."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=interval or None)
+            if done:
+                return task.result()
+            await keepalive()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+@dataclass(slots=True)
+class Resuming:
+    """What one exchange needs to continue its stream: the decisions, and a way to reach the upstream."""
+
+    resumer: Resumer
+    reopen: Callable[[bytes], Awaitable[UpstreamLink]]  # send a body, get a stream's link (or raise)
+    interrupter: Interrupter
+    first_byte_timeout: float  # the longest Retry-After honoured
+
+    async def carry_on(self, guard: StreamGuard, reason: str) -> UpstreamLink | None:
+        """The stream broke for `reason` and the guard asked to continue: the continuation's link,
+        already handed to the guard (`resume`), or None (then the guard must `give_up()`).
+
+        (Run it under `with_keepalives`: a wait for Retry-After or for a long prompt's first byte is
+        upstream silence like any other.)"""
+        resumer = self.resumer
+        delay = retry_delay(guard.retry_after, self.first_byte_timeout, time.time())
+        while True:
+            if delay is None:
+                resumer.withdraw("the upstream asked to retry later than --first-byte-timeout")
+                return None
+            if delay > 0:
+                await self._wait(delay)
+            try:
+                upstream = await self.reopen(resumer.body())
+            except ContinuationFailed as exc:
+                resumer.failed(str(exc))
+                if exc.status not in RETRYABLE_STATUSES or not resumer.may_resume(reason, exc.status):
+                    return None
+                delay = retry_delay(exc.retry_after, self.first_byte_timeout, time.time())
+                continue
+            guard.resume(resumer.started().rewrite)
+            return upstream
+
+    async def _wait(self, delay: float) -> None:
+        """Sleep `delay` seconds; shutdown (the interrupter) ends the wait with Interrupted."""
+        try:
+            async with asyncio.timeout(delay) as deadline:
+                self.interrupter.watch_deadline(deadline)
+                await asyncio.Event().wait()
+        except TimeoutError:
+            pass
+        if self.interrupter.fired:
+            raise Interrupted()
