@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llama import TINY, WIDE, LlamaServer, binary_path, build_binary, write_model
+from llama import CHARS, TINY, WIDE, LlamaServer, binary_path, build_binary, write_model
 
 
 def _required() -> bool:
@@ -23,7 +23,7 @@ def _required() -> bool:
 
 
 _NOT_RUN = pytest.StashKey[str]()
-_LLAMA_FIXTURES = frozenset({"llama", "llama_wide", "llama_binary"})
+_LLAMA_FIXTURES = frozenset({"llama", "llama_wide", "llama_chars", "llama_binary"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -61,7 +61,11 @@ def llama_binary() -> Path:
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("models")
-    return {"tiny": write_model(folder / "tiny.gguf", TINY), "wide": write_model(folder / "wide.gguf", WIDE)}
+    return {
+        "tiny": write_model(folder / "tiny.gguf", TINY),
+        "wide": write_model(folder / "wide.gguf", WIDE),
+        "chars": write_model(folder / "chars.gguf", CHARS),
+    }
 
 
 def _serve(binary: Path, model: Path, log: Path) -> Iterator[LlamaServer]:
@@ -90,3 +94,11 @@ def llama_wide(
 ) -> Iterator[LlamaServer]:
     """The wider model (milliseconds per token): cancellation and busy-slot tests."""
     yield from _serve(llama_binary, models["wide"], tmp_path_factory.mktemp("logs") / "llama-wide.log")
+
+
+@pytest.fixture(scope="session")
+def llama_chars(
+    llama_binary: Path, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LlamaServer]:
+    """A tiny model that only says single characters: any text it wrote tokenizes back into the same tokens."""
+    yield from _serve(llama_binary, models["chars"], tmp_path_factory.mktemp("logs") / "llama-chars.log")

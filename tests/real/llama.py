@@ -50,6 +50,7 @@ class ModelShape:
     heads: int
     context: int = 512
     seed: int = 1234
+    text_only: bool = False  # it can only say printable ASCII and spaces (see `write_model`)
 
     @property
     def feed_forward(self) -> int:
@@ -58,6 +59,7 @@ class ModelShape:
 
 TINY = ModelShape(embedding=64, layers=2, heads=4)  # about 400 tokens/s: the equality and fault tests
 WIDE = ModelShape(embedding=512, layers=8, heads=8)  # about 15 ms per token: the cancellation tests
+CHARS = ModelShape(embedding=64, layers=2, heads=4, seed=4321, text_only=True)  # the resume tests
 
 
 def _vocabulary() -> tuple[list[bytes], list[float], list[int]]:
@@ -76,16 +78,47 @@ def _vocabulary() -> tuple[list[bytes], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
+# A text_only model: the residual stream's dimension 0 holds this constant in every position and
+# layer (every matrix that reads the stream ignores it, none writes it), so after the final norm it is
+# always positive, and an output column of -BAN there keeps a token from ever being the likeliest.
+_CONSTANT, _BAN = 1.0, 200.0
+
+
+def _text_tokens(types: list[int]) -> np.ndarray:
+    """The tokens whose text is one printable character or the space: all a text_only model says."""
+    from gguf import TokenType
+
+    return np.array([t == TokenType.NORMAL for t in types], dtype=bool)
+
+
 def write_model(path: Path, shape: ModelShape) -> Path:
-    """A loadable GGUF with random weights (F16 matrices, F32 norms)."""
+    """A loadable GGUF with random weights (F16 matrices, F32 norms).
+
+    `text_only`: every text token of this vocabulary is one character, and the weights forbid the
+    others (bytes, controls, EOS), so any text the model writes tokenizes back into exactly the
+    tokens that wrote it: a continuation of its answer from the text alone is token for token the
+    answer it would have given (what the --resume-on-cut tests compare), and it runs to max_tokens.
+    """
     from gguf import GGUFWriter, LlamaFileType
 
     tokens, scores, types = _vocabulary()
     vocab, n, ff = len(tokens), shape.embedding, shape.feed_forward
     rng = np.random.default_rng(shape.seed)
+    text_only = shape.text_only
 
-    def matrix(rows: int, cols: int) -> np.ndarray:  # numpy order: (ggml ne[1], ggml ne[0])
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
+    def matrix(rows: int, cols: int, role: str = "") -> np.ndarray:  # numpy order: (ggml ne[1], ggml ne[0])
+        m = rng.standard_normal((rows, cols), dtype=np.float32) * 0.05
+        if text_only and role == "reads":  # input dimension 0 is ignored
+            m[:, 0] = 0.0
+        elif text_only and role == "writes":  # output dimension 0 is never written
+            m[0, :] = 0.0
+        return m.astype(np.float16)
+
+    embeddings = matrix(vocab, n)
+    output = matrix(vocab, n)
+    if text_only:
+        embeddings[:, 0] = _CONSTANT
+        output[:, 0] = np.where(_text_tokens(types), 0.0, -_BAN)
 
     writer = GGUFWriter(str(path), "llama")
     writer.add_name("streamwarden-test")
@@ -108,18 +141,19 @@ def write_model(path: Path, shape: ModelShape) -> Path:
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(True)
     writer.add_chat_template(CHATML)
-    writer.add_tensor("token_embd.weight", matrix(vocab, n))
+    writer.add_tensor("token_embd.weight", embeddings)
     writer.add_tensor("output_norm.weight", np.ones(n, dtype=np.float32))
-    writer.add_tensor("output.weight", matrix(vocab, n))
+    writer.add_tensor("output.weight", output)
     for layer in range(shape.layers):
         prefix = f"blk.{layer}."
         writer.add_tensor(prefix + "attn_norm.weight", np.ones(n, dtype=np.float32))
-        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            writer.add_tensor(prefix + name + ".weight", matrix(n, n))
+        for name in ("attn_q", "attn_k", "attn_v"):
+            writer.add_tensor(prefix + name + ".weight", matrix(n, n, "reads"))
+        writer.add_tensor(prefix + "attn_output.weight", matrix(n, n, "writes"))
         writer.add_tensor(prefix + "ffn_norm.weight", np.ones(n, dtype=np.float32))
-        writer.add_tensor(prefix + "ffn_gate.weight", matrix(ff, n))
-        writer.add_tensor(prefix + "ffn_up.weight", matrix(ff, n))
-        writer.add_tensor(prefix + "ffn_down.weight", matrix(n, ff))
+        writer.add_tensor(prefix + "ffn_gate.weight", matrix(ff, n, "reads"))
+        writer.add_tensor(prefix + "ffn_up.weight", matrix(ff, n, "reads"))
+        writer.add_tensor(prefix + "ffn_down.weight", matrix(n, ff, "writes"))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
