@@ -162,10 +162,11 @@ class Answer:
     cancel: str | None = None  # count this cancellation and close the upstream connection
     drain: bool = False  # read the upstream to its end for its usage (--on-abandon drain), then close
     reply: Reply = Reply.NOTHING
+    code: int = 0  # a refusal's own status where its reason has several (bad_request: 400, 405, 431, 505)
 
     @property
     def status(self) -> int:
-        return status_for(self.reason)
+        return self.code or status_for(self.reason)
 
 
 _CANCEL_BY_REASON, _CANCEL_CLIENT, _NO_CANCEL = "by_reason", "client", None
@@ -238,8 +239,9 @@ class Lifecycle:
 
     # ---- endings ----------------------------------------------------------------------------------
 
-    def refused(self, reason: Reason) -> Answer | None:
-        return self._end(Event.REFUSED, reason)
+    def refused(self, reason: Reason, status: int = 0) -> Answer | None:
+        """The proxy will not forward the request; `status` where the reason alone does not say it."""
+        return self._end(Event.REFUSED, reason, status)
 
     def upstream_failed(self, reason: Reason) -> Answer | None:
         return self._end(Event.UPSTREAM_FAILED, reason)
@@ -274,7 +276,7 @@ class Lifecycle:
         self.phase = to
         self._record.phase = str(to)
 
-    def _end(self, event: Event, reason: Reason | None) -> Answer | None:
+    def _end(self, event: Event, reason: Reason | None, code: int = 0) -> Answer | None:
         """The first ending fixes the verdict; later ones return None (already decided)."""
         if self.ended is not None:
             return None
@@ -289,7 +291,7 @@ class Lifecycle:
         final = fixed or reason
         assert final is not None
         cancel, drain = self._cancel(cancel_rule, final)
-        answer = Answer(final, cancel, drain, self._reply(reply))
+        answer = Answer(final, cancel, drain, self._reply(reply), code)
         self.ended, self.ended_in = answer, self.phase
         self.phase = Phase.FINISHED
         record = self._record

@@ -89,14 +89,12 @@ async def respond_whole(
             if judged.replacement is not None:
                 status, body = judged.replacement
                 headers = response_headers(head.headers, body_rewritten=True)
-                headers["X-Request-Id"] = ex.request_id
                 await out.whole(status, body, headers)
             else:
                 # Read whole and judged good (or passed as the upstream's own error): headers and
                 # body in one go, rather than a copy in pieces.
                 headers = response_headers(head.headers, body_rewritten=False)
                 headers.popall("Content-Length", None)
-                headers["X-Request-Id"] = ex.request_id
                 await out.whole(head.status, prefix, headers, reason=head.reason or None, content_type=None)
             life.body_ended(verdict)
             return
@@ -122,7 +120,6 @@ async def _copy_through(
     """Status, headers and body as the upstream sent them, `prefix` (already read) first; a broken
     upstream or client raises. With `keep_tail`, the reader keeps the body's last bytes."""
     headers = response_headers(head.headers, body_rewritten=False)
-    headers["X-Request-Id"] = ex.request_id
     await out.commit(ResponseHead(head.status, headers, reason=head.reason or None, content_length=head.content_length))
     _cut_on_shutdown(interrupter, life, out)
     if prefix:

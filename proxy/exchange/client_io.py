@@ -28,7 +28,9 @@ __all__ = ["ClientGone", "ClientStalled", "ClientWriter", "ResponseHead"]
 
 _Hook = Callable[[], None]
 _NO_BODY = frozenset({204, 304})
-_FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+# The writer's own headers: the framing it chooses, and the exchange's X-Request-Id (set here and
+# nowhere else, on every response the proxy sends: relayed, judged, its own errors and refusals).
+_OWN = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "x-request-id"})
 _date: tuple[int, bytes] = (0, b"")
 
 
@@ -93,7 +95,8 @@ class ClientWriter:
         if close:
             self._closing = True
         lines = [f"HTTP/1.1 {status} {head.reason or _phrase(status)}\r\n"]
-        lines.extend(f"{name}: {value}\r\n" for name, value in head.headers.items() if name.lower() not in _FRAMING)
+        lines.extend(f"{name}: {value}\r\n" for name, value in head.headers.items() if name.lower() not in _OWN)
+        lines.append(f"X-Request-Id: {self.ex.request_id}\r\n")
         self._chunked = False
         if not body_allowed:
             pass
@@ -130,14 +133,14 @@ class ClientWriter:
         self.ex.status = head.status
         self.life.committed_now()
         self._send(self._head(head, length=head.content_length, close=close))
-        await self._drained()
+        await self.drained()
 
     async def write(self, data: bytes) -> None:
         assert self.response is not None, "commit first"
         if not self.write_raw(data):
             raise ClientGone("the client closed the connection")
         self.ex.bytes_out += len(data)
-        await self._drained()
+        await self.drained()
 
     def write_raw(self, data: bytes) -> bool:
         """Write `data` as the next piece of the body, framed; False when the client is gone."""
@@ -162,7 +165,7 @@ class ClientWriter:
         """The body is complete: its end goes out (the last chunk), and the client takes it in."""
         if self._chunked and self._body_allowed():
             self._send(b"0\r\n\r\n")
-        await self._drained()
+        await self.drained()
 
     async def whole(
         self,
@@ -179,6 +182,23 @@ class ClientWriter:
         The proxy's own error JSON, or an upstream body read whole (`content_type=None`: its own
         headers say what it is). `close`: the connection closes after it.
         """
+        head = self.whole_now(status, body, headers, reason=reason, content_type=content_type, close=close)
+        await self.drained()
+        self.ex.bytes_out = len(body)
+        return head
+
+    def whole_now(
+        self,
+        status: int,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        reason: str | None = None,
+        content_type: str | None = "application/json",
+        close: bool = False,
+    ) -> ResponseHead:
+        """`whole`, handed to the transport without waiting for the client to take it in (a
+        connection-level refusal, written from the protocol's callbacks just before the close)."""
         if content_type is not None:
             headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
             headers["Content-Type"] = content_type
@@ -187,8 +207,6 @@ class ClientWriter:
         self.life.committed_now()
         data = self._head(head, length=len(body), close=close)
         self._send(data + body if self._body_allowed() else data)
-        await self._drained()
-        self.ex.bytes_out = len(body)
         return head
 
     def close_now(self) -> None:
@@ -212,7 +230,7 @@ class ClientWriter:
             raise ClientGone("the client closed the connection")
         transport.write(data)
 
-    async def _drained(self) -> None:
+    async def drained(self) -> None:
         """Until the client has taken in what was written (down to the transport's low-water mark)."""
         channel = self.request.channel
         if not channel.writing_paused:

@@ -23,6 +23,7 @@ from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.core.resume import RESUMABLE_APIS, Resumer
+from proxy.exchange.answers import carry_out
 from proxy.exchange.body_io import respond_whole
 from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client import ClientRequest
@@ -94,11 +95,9 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
         except Interrupted:
             return await _tell(flight, life.interrupted(), _SHUTTING_DOWN, close=True)
     except ClientStalled:
-        life.client_stalled()
-        return flight.out.cut()
+        return await _tell(flight, life.client_stalled(), "")
     except ConnectionError:  # a write found the client's socket closed before its close was noticed
-        life.client_gone()
-        return flight.out.cut()
+        return await _tell(flight, life.client_gone(), "")
     except asyncio.CancelledError:
         # The client left (its connection cancels this task), or shutdown's final cleanup cut this one.
         answer = life.interrupted() if flight.interrupter.fired else life.client_gone()
@@ -216,40 +215,41 @@ def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str,
 async def _tell(
     flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None, *, close: bool = False
 ) -> None:
-    """Carry out an ending's reply outside a stream: a whole error response, or a cut."""
-    if answer is None or answer.reply is Reply.CUT or flight.life.committed:
-        flight.out.cut()
-        return
-    body = flight.dialect.error_body(answer.status, message, answer.reason)
+    """Carry out an ending's answer (`proxy.exchange.answers`) and wait for the client to take it in."""
+    out = flight.out
+    frame = b""
+    if answer is not None and answer.reply is Reply.FRAME and flight.guard is not None:
+        frame = flight.guard.fail(answer.reason).data
     try:
-        await flight.out.whole(answer.status, body, {_REQUEST_ID: flight.ex.request_id, **(headers or {})}, close=close)
+        if carry_out(out, answer, dialect=flight.dialect, message=message, headers=headers, frame=frame, close=close):
+            if answer is not None and answer.reply is Reply.FRAME:
+                await out.finish()
+            else:
+                await out.drained()
     except (ClientStalled, ConnectionError):  # the verdict stands; the client simply did not take it
-        flight.out.cut()
+        out.cut()
         return
-    if answer.reason in _CLOSE_AT_ONCE:
-        flight.out.close_now()
+    if answer is not None and answer.reason in _CLOSE_AT_ONCE:
+        out.close_now()
 
 
 async def _tell_bug(flight: _Flight, answer: Answer | None) -> None:
     """A bug of ours: a 500 in the dialect's shape, an error frame in a stream, else a cut; never a traceback."""
-    guard, out = flight.guard, flight.out
-    if guard is not None and answer is not None and answer.reply is not Reply.CUT:
+    guard = flight.guard
+    if guard is not None and answer is not None and answer.reply is Reply.STATUS:
         try:
-            step = guard.fail(Reason.PROXY_ERROR)
+            step = guard.fail(Reason.PROXY_ERROR)  # the dialect's own error, as the guard words it
         except Exception:  # the guard itself is what broke
-            out.cut()
+            flight.out.cut()
             return
-        if step.failure is not None and not flight.life.committed:
+        if step.failure is not None:
             failure = step.failure
-            await out.whole(failure.status, failure.body, {_REQUEST_ID: flight.ex.request_id, **failure.headers})
+            await flight.out.whole(failure.status, failure.body, failure.headers)
             return
-        if step.data and flight.life.committed:
-            await out.write(step.data)
-            await out.finish()
-            return
-        out.cut()
-        return
-    await _tell(flight, answer, "the proxy failed to handle the request")
+    try:
+        await _tell(flight, answer, "the proxy failed to handle the request")
+    except Exception:  # the guard itself is what broke
+        flight.out.cut()
 
 
 def _release_upstream(state: ProxyState, flight: _Flight) -> None:

@@ -33,12 +33,11 @@ def is_stream(head: UpstreamHead) -> bool:
     )
 
 
-def stream_response(head: UpstreamHead, request_id: str) -> ResponseHead:
+def stream_response(head: UpstreamHead) -> ResponseHead:
     headers = response_headers(head.headers, body_rewritten=False)
     headers.popall("Content-Length", None)
     headers["Cache-Control"] = "no-cache"
     headers["X-Accel-Buffering"] = "no"
-    headers["X-Request-Id"] = request_id
     return ResponseHead(head.status, headers, reason=head.reason or None)
 
 
@@ -59,7 +58,7 @@ async def relay_stream(
     continuation's connection replaces the upstream's, or the relay gives up as the stream would have
     ended without the flag.
     """
-    response = stream_response(head, ex.request_id)
+    response = stream_response(head)
     if cfg.hold_headers <= 0:
         await out.commit(response)
     relay = StreamRelay(link, guard, life, ex, cfg, client=out if life.committed else None)
@@ -77,8 +76,7 @@ async def relay_stream(
             elif need is Need.FAILURE:
                 failure = relay.failure
                 assert failure is not None
-                headers = {"X-Request-Id": ex.request_id, **failure.headers}
-                await out.whole(failure.status, failure.body, headers)
+                await out.whole(failure.status, failure.body, failure.headers)
                 return
             elif need is Need.RESUME:
                 assert resuming is not None

@@ -14,7 +14,6 @@ main port is forwarded like any path but is not model traffic: no metrics, its l
 from __future__ import annotations
 
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from proxy.core.latency import TokenGaps
@@ -83,14 +82,6 @@ class Books:
         """Send the proxy's span context upstream (`traceparent`/`tracestate`), replacing the client's."""
         if self.tracing is not None:
             self.tracing.inject(ex, upstream_headers)
-
-    def record_refusal(self, status: int, reason: str, bytes_out: int, *, client: str | None) -> None:
-        """A connection-level refusal (bad HTTP, a header timeout, too many connections): one exchange."""
-        ex = ExchangeRecord(uuid.uuid4().hex, "-", "-", "other", client)
-        ex.status, ex.bytes_out = status, bytes_out
-        ex.outcome, ex.reason, ex.settled_at = "error", reason, time.monotonic()  # (no lifecycle: no request)
-        self.start(ex)
-        self.finish(ex)
 
     def finish(self, ex: ExchangeRecord) -> None:
         if ex.booked:

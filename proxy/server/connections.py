@@ -17,8 +17,9 @@ exchange's task, which cancels the upstream. The per-connection rules are nginx'
 - a response that leaves the request body unread (a 413, say) closes the connection after reading
   and discarding the rest for at most 5 s (nginx's lingering close), so the client sees the answer.
 
-Each refusal is written straight to the socket (no request is in progress on it, so no response
-can be interleaved), counted and logged by the books like any other exchange.
+Each refusal is a lifecycle's `refused` verdict (`proxy.exchange.answers.refuse_connection`): its
+status is written straight to the socket (no request is in progress on it, so no response can be
+interleaved), and it is counted and logged by the books like any other exchange.
 """
 
 from __future__ import annotations
@@ -34,17 +35,15 @@ from urllib.parse import unquote
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.core.dialects import DIALECTS
 from proxy.core.http_head import HeadScanner, HeadTooLarge, request_line_refusal
+from proxy.core.lifecycle import Reason
+from proxy.exchange.answers import refuse_connection
 from proxy.exchange.client import ClientRequest
 from proxy.observe.books import Books
 
 __all__ = ["LINGERING_SECONDS", "ClientConnection", "ConnectionRules", "MainPort"]
 
 LINGERING_SECONDS = 5.0  # reading and discarding an unread request body before the close (nginx: 5 s)
-_OTHER = DIALECTS["other"]
-_PHRASES = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout",
-            431: "Request Header Fields Too Large", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 _Handler = Callable[[ClientRequest], Coroutine[Any, Any, object]]
 
 
@@ -151,7 +150,7 @@ class ClientConnection(asyncio.Protocol):
         self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else None
         port = self._port
         if port.open_connections >= self._rules.max_connections:
-            self._refuse(503, "proxy_overloaded", "the proxy has too many open connections; retry later")
+            self._refuse(Reason.PROXY_OVERLOADED, "the proxy has too many open connections; retry later")
             return
         port.open_connections += 1
         port.connections.add(self)
@@ -197,11 +196,11 @@ class ClientConnection(asyncio.Protocol):
                 complete = head.feed(data)
             except HeadTooLarge:
                 limit = self._rules.max_header_size
-                self._refuse(431, "bad_request", f"the request line and headers exceed {limit} bytes")
+                self._refuse(Reason.BAD_REQUEST, f"the request line and headers exceed {limit} bytes", 431)
                 return
             if head.request_line is not None and (refusal := request_line_refusal(head.request_line)):
                 status, message = refusal  # a method or version nginx refuses: no request is made of it
-                self._refuse(status, "bad_request", message)
+                self._refuse(Reason.BAD_REQUEST, message, status)
                 return
             if complete:
                 self._head = None
@@ -216,9 +215,9 @@ class ClientConnection(asyncio.Protocol):
             elif self._current is None and self._parsing is None:
                 if self._too_large:
                     limit = self._rules.max_header_size
-                    self._refuse(431, "bad_request", f"the request line and headers exceed {limit} bytes")
+                    self._refuse(Reason.BAD_REQUEST, f"the request line and headers exceed {limit} bytes", 431)
                 else:
-                    self._refuse(400, "bad_request", "the request is not valid HTTP/1.1")
+                    self._refuse(Reason.BAD_REQUEST, "the request is not valid HTTP/1.1")
             else:
                 self._close_after = True  # garbage behind a request: it is answered, then the close
                 self.pause_reading()
@@ -375,23 +374,15 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.close()  # nothing was asked: close quietly, as nginx does
             return
         timeout = self._rules.header_timeout
-        self._refuse(408, "client_timeout", f"the request headers did not arrive within {timeout:g} s")
+        self._refuse(Reason.CLIENT_TIMEOUT, f"the request headers did not arrive within {timeout:g} s")
 
-    def _refuse(self, status: int, reason: str, message: str) -> None:
-        """Answer without a request (none is in progress on this socket), count it, close."""
+    def _refuse(self, reason: Reason, message: str, status: int = 0) -> None:
+        """Answer without a request (none is in progress on this socket): the lifecycle's verdict, its
+        status written and booked, then the close."""
         self._head = None
         self._disarm()
-        body = _OTHER.error_body(status, message, reason)
+        refuse_connection(self, self._port.books, reason, message, status=status, remote=self._peer)
         transport = self.transport
-        if transport is not None and not transport.is_closing():
-            head = (
-                f"HTTP/1.1 {status} {_PHRASES[status]}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n"
-            )
-            if status == 503:
-                head += "Retry-After: 1\r\n"
-            transport.write(head.encode() + b"\r\n" + body)
-        self._port.books.record_refusal(status, reason, len(body), client=self._peer)
         if transport is not None:
             with contextlib.suppress(RuntimeError):
                 transport.close()
