@@ -16,8 +16,9 @@ from __future__ import annotations
 from proxy.core.body import TAIL_BYTES, judge_body, usage_from_tail
 from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.headers import response_headers
-from proxy.core.lifecycle import Lifecycle, Reason
+from proxy.core.lifecycle import Answer, Lifecycle, Reason
 from proxy.core.record import ExchangeRecord
+from proxy.exchange.answers import carry_out
 from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client_io import ClientWriter, ResponseHead
 from proxy.exchange.interrupts import Interrupted, Interrupter
@@ -69,7 +70,8 @@ async def respond_whole(
     *,
     max_body_size: int,
     idle_timeout: float,
-) -> None:
+) -> Answer | None:
+    """Relay (or judge, then answer) a whole body; the lifecycle's answer to its end for the handler."""
     interrupter.watch(lambda: reader.interrupt(Interrupted()))
     prefix = b""
     verdict = plain_verdict(head.status)
@@ -85,24 +87,25 @@ async def respond_whole(
             verdict = Reason(judged.reason)
             ex.record_usage(judged.usage)
             ex.upstream_message = judged.upstream_message
-            _cut_on_shutdown(interrupter, life, out)
             if judged.replacement is not None:
                 status, body = judged.replacement
                 headers = response_headers(head.headers, body_rewritten=True)
-                await out.whole(status, body, headers)
+                out.whole_now(status, body, headers)
             else:
                 # Read whole and judged good (or passed as the upstream's own error): headers and
                 # body in one go, rather than a copy in pieces.
-                headers = response_headers(head.headers, body_rewritten=False)
+                body, headers = prefix, response_headers(head.headers, body_rewritten=False)
                 headers.popall("Content-Length", None)
-                await out.whole(head.status, prefix, headers, reason=head.reason or None, content_type=None)
-            life.body_ended(verdict)
-            return
+                out.whole_now(head.status, body, headers, reason=head.reason or None, content_type=None)
+            _cut_on_shutdown(interrupter, life, out, dialect)
+            await out.drained()
+            ex.bytes_out = len(body)
+            return life.body_ended(verdict)
     tail = checked and 200 <= head.status < 300  # its usage is read from its end
-    await _copy_through(reader, head, out, life, ex, prefix, idle_timeout, interrupter, keep_tail=tail)
+    await _copy_through(reader, head, out, life, ex, prefix, idle_timeout, interrupter, dialect, keep_tail=tail)
     if tail:
         ex.record_usage(usage_from_tail(dialect, reader.tail))
-    life.body_ended(verdict)
+    return life.body_ended(verdict)
 
 
 async def _copy_through(
@@ -114,6 +117,7 @@ async def _copy_through(
     prefix: bytes,
     idle: float,
     interrupter: Interrupter,
+    dialect: Dialect,
     *,
     keep_tail: bool,
 ) -> None:
@@ -121,7 +125,7 @@ async def _copy_through(
     upstream or client raises. With `keep_tail`, the reader keeps the body's last bytes."""
     headers = response_headers(head.headers, body_rewritten=False)
     await out.commit(ResponseHead(head.status, headers, reason=head.reason or None, content_length=head.content_length))
-    _cut_on_shutdown(interrupter, life, out)
+    _cut_on_shutdown(interrupter, life, out, dialect)
     if prefix:
         await out.write(prefix)
     if keep_tail:
@@ -131,11 +135,11 @@ async def _copy_through(
     await out.finish()
 
 
-def _cut_on_shutdown(interrupter: Interrupter, life: Lifecycle, out: ClientWriter) -> None:
-    """Once the client has the status line, shutdown's end of the drain time cuts the response."""
+def _cut_on_shutdown(interrupter: Interrupter, life: Lifecycle, out: ClientWriter, dialect: Dialect) -> None:
+    """Once the client has the status line, shutdown's end of the drain time ends the response: the
+    lifecycle's answer (a cut: a plain body cannot carry a second response) is carried out at once."""
 
-    def cut() -> None:
-        life.interrupted()
-        out.cut()
+    def end() -> None:
+        carry_out(out, life.interrupted(), dialect=dialect)
 
-    interrupter.watch(cut)
+    interrupter.watch(end)

@@ -111,6 +111,7 @@ class ClientWriter:
         else:
             self._closing = True  # HTTP/1.0 without a length: the close ends the body
         if self._closing:
+            request.keep_alive = False  # what the head says is what the connection does
             lines.append("Connection: close\r\n")
         elif request.version < (1, 1):
             lines.append("Connection: keep-alive\r\n")

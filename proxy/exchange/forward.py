@@ -177,10 +177,11 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
             link, head, flight.guard, flight.out, life, ex, cfg, flight.interrupter, resuming
         )
     reader = flight.reader = BodyReader(link)
-    return await respond_whole(
+    answer = await respond_whole(
         reader, head, flight.out, life, ex, dialect, info, flight.interrupter,
         max_body_size=cfg.max_body_size, idle_timeout=cfg.idle_timeout,
     )
+    return await _tell(flight, answer, "")
 
 
 def _resumer(
