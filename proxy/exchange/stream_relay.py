@@ -25,7 +25,7 @@ from typing import Protocol
 
 from proxy.config import Config
 from proxy.core.guard import Failure, Step, StreamGuard
-from proxy.core.lifecycle import Lifecycle, Reason
+from proxy.core.lifecycle import Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.failures import UpstreamFailure
 from proxy.exchange.upstream import UpstreamLink
@@ -117,8 +117,8 @@ class StreamRelay:
 
     def interrupt(self) -> None:
         if self._final is None:
-            self._life.interrupted()
-            self._run(self._guard.fail, Reason.SHUTDOWN)
+            answer = self._life.interrupted()  # the guard words it: a frame after the commit, a 503 before
+            self._run(self._guard.fail, Reason.SHUTDOWN if answer is None else answer.reason)
 
     async def wait(self) -> Need:
         """Until the handler has something to do."""
@@ -212,9 +212,14 @@ class StreamRelay:
                 ex.first_content_at = now
             ex.note_content(now, step.content_events)
         if step.done:
-            if self._broke is not None:  # the upstream's socket failed: its reason, its cancellation
-                life.upstream_failed(self._broke)
-            life.guard_ended(step.outcome or "error", step.reason or Reason.PROXY_ERROR)
+            # The upstream's socket failed: its reason, its cancellation; else the guard's own verdict.
+            # Either way the guard's step is the reply (a frame after the commit, a status before, or
+            # nothing more), carried out below.
+            if self._broke is not None:
+                ended = life.upstream_failed(self._broke)
+            else:
+                ended = life.guard_ended(step.outcome or "error", step.reason or Reason.PROXY_ERROR)
+            assert ended is None or ended.reply is not Reply.CUT, ended  # (a stream is never cut for its upstream)
         if step.resume is not None:  # --resume-on-cut: nothing more from this upstream
             self.resume_reason = step.resume
             self._link.pause_reading()

@@ -16,7 +16,7 @@ every byte the client receives is seen: the status line and headers, the body's 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -25,17 +25,19 @@ from support import Proxy, ProxyFactory
 from support.hostile import WAIT, Connection, RawUpstream
 
 CHAT_STREAM = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
-EVENT = b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'
+EVENT = (b'data: {"id":"c1","object":"chat.completion.chunk","model":"m",'
+         b'"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n')
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+FIRST_CHUNK = b"%x\r\n%b\r\n" % (len(EVENT), EVENT)
+PLAIN_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\n"
 
 
-async def _talk(port: int, data: bytes, *, then: Callable[[asyncio.StreamWriter], Awaitable[None]] | None = None) -> bytes:
+async def _talk(port: int, data: bytes) -> bytes:
     """Send `data` on a new connection, read everything until the proxy closes it (or cuts it)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     received = bytearray()
     try:
         writer.write(data)
-        if then is not None:
-            await then(writer)
         async with asyncio.timeout(WAIT):
             while True:
                 try:
@@ -154,8 +156,7 @@ async def test_status_a_handler_refusal_in_the_dialects_shape_closes_as_it_says(
 async def test_frame_a_committed_stream_that_breaks_ends_with_the_error_frame(make_proxy: ProxyFactory) -> None:
     async def script(connection: Connection) -> None:
         await connection.next_request()
-        await connection.send(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                              + b"%x\r\n%b\r\n" % (len(EVENT), EVENT))
+        await connection.send(STREAM_HEAD + FIRST_CHUNK)
         connection.writer.transport.abort()  # cut mid-stream, without the last chunk
 
     upstream = RawUpstream(script)
@@ -184,8 +185,7 @@ async def test_frame_a_committed_stream_that_breaks_ends_with_the_error_frame(ma
 async def test_cut_a_committed_plain_body_that_breaks_is_cut(make_proxy: ProxyFactory) -> None:
     async def script(connection: Connection) -> None:
         await connection.next_request()
-        await connection.send(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\n"
-                              + b"x" * 50)
+        await connection.send(PLAIN_HEAD + b"x" * 50)
         connection.writer.transport.abort()  # half the body, then the cut
 
     upstream = RawUpstream(script)
@@ -233,8 +233,7 @@ async def test_nothing_a_client_that_left_mid_stream_is_aborted_and_its_upstream
 
     async def script(connection: Connection) -> None:
         await connection.next_request()
-        await connection.send(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                              + b"%x\r\n%b\r\n" % (len(EVENT), EVENT))
+        await connection.send(STREAM_HEAD + FIRST_CHUNK)
         await connection.wait_closed_by_peer()
         closed_by_proxy.set()
 
@@ -242,8 +241,8 @@ async def test_nothing_a_client_that_left_mid_stream_is_aborted_and_its_upstream
     proxy = await make_proxy(upstream=await upstream.start(), hold_headers=0)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: left\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(CHAT_STREAM), CHAT_STREAM))
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: left\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(CHAT_STREAM), CHAT_STREAM))
         async with asyncio.timeout(WAIT):
             await reader.readuntil(EVENT + b"\r\n")  # the first event arrived: the client leaves
         writer.close()
