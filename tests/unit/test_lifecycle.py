@@ -170,3 +170,12 @@ def test_the_guard_verdicts_are_all_known_reasons() -> None:
     assert life.guard_ended(step.outcome or "", step.reason or "") == Answer(
         R.STALL_TIMEOUT, "stall_timeout", False, Reply.NOTHING
     )
+
+
+@pytest.mark.parametrize(("status", "expected"), [(0, 400), (405, 405), (431, 431), (505, 505)])
+def test_a_refusal_answers_with_its_own_status_where_the_reason_has_several(status: int, expected: int) -> None:
+    life, ex = _at(Phase.RECEIVED)
+    answer = life.refused(R.BAD_REQUEST, status)
+    assert answer is not None
+    assert (answer.reply, answer.status, answer.reason) == (Reply.STATUS, expected, R.BAD_REQUEST)
+    assert (ex.outcome, ex.reason) == ("error", "bad_request")
