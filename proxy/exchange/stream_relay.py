@@ -65,7 +65,7 @@ def count_stream(guard: StreamGuard, ex: ExchangeRecord) -> None:
 
 
 class StreamRelay:
-    __slots__ = ("_asked", "_broke", "_client", "_clock", "_committed", "_final", "_guard", "_hold_until", "_idle",
+    __slots__ = ("_asked", "_broke", "_client", "_clock", "_final", "_guard", "_hold_until", "_idle",
                  "_interval", "_last_heard", "_last_sent", "_life", "_link", "_loop", "_paused", "_pending",
                  "_pending_done", "_stall", "_stall_timer", "_waiter", "bug", "ex", "failure",
                  "resume_reason")  # fmt: skip
@@ -80,8 +80,7 @@ class StreamRelay:
         now = loop.time()
         self._last_heard = self._last_sent = now
         self._hold_until = now + cfg.hold_headers
-        self._client = client  # set once committed
-        self._committed = client is not None
+        self._client = client  # set once the status line is out (the lifecycle's `committed`)
         self._asked = False  # Need.COMMIT is out; the upstream is paused until `committed`
         self._pending: list[bytes] = []
         self._pending_done = False
@@ -125,7 +124,7 @@ class StreamRelay:
         while True:
             if self._final is not None:
                 return self._final
-            if self._asked and not self._committed:
+            if self._asked and self._client is None:
                 return Need.COMMIT
             waiter = self._waiter = self._loop.create_future()
             try:
@@ -136,7 +135,6 @@ class StreamRelay:
     def committed(self, client: ClientSide) -> None:
         """The status line is out: send what the guard said meanwhile, and read on."""
         self._client = client
-        self._committed = True
         client.on_flow(self._client_paused, self._client_drained)
         pending, self._pending = self._pending, []
         data = pending[0] if len(pending) == 1 else b"".join(pending)
@@ -174,8 +172,8 @@ class StreamRelay:
     def give_up_for_shutdown(self) -> None:
         """Shutdown came while a continuation was awaited: the stream ends with `shutdown`."""
         self._final = None
-        self._life.interrupted()
-        self._run(self._guard.fail, Reason.SHUTDOWN)
+        answer = self._life.interrupted()  # the guard words it: a frame after the commit, a 503 before
+        self._run(self._guard.fail, Reason.SHUTDOWN if answer is None else answer.reason)
 
     def keepalive(self) -> bool:
         """A keep-alive comment now, while a continuation is awaited; False when the client is gone."""
@@ -223,13 +221,13 @@ class StreamRelay:
         if step.resume is not None:  # --resume-on-cut: nothing more from this upstream
             self.resume_reason = step.resume
             self._link.pause_reading()
-            if self._committed:
+            if self._client is not None:
                 if step.data:
                     self._write(step.data)
                 self._finish(Need.RESUME)
                 return
             # (else the status line is due first: `committed` asks for the continuation after it)
-        if not self._committed:
+        if self._client is None:
             if step.failure is not None and not self._asked:
                 self.failure = step.failure
                 self._finish(Need.FAILURE)
@@ -277,7 +275,7 @@ class StreamRelay:
 
     def _deadline(self) -> float:
         stall = self._last_heard + self._idle
-        if not self._committed:
+        if self._client is None:
             return stall if self._asked else min(stall, self._hold_until)
         if self._interval:
             return min(stall, max(self._last_heard, self._last_sent) + self._interval)
@@ -294,12 +292,12 @@ class StreamRelay:
         if self._final is not None:
             return
         now = self._loop.time()
-        if self._paused or (self._asked and not self._committed):
+        if self._paused or (self._asked and self._client is None):
             self._last_heard = now  # waiting on the client, not on the upstream
         if now >= self._last_heard + self._idle:
             self._broke = Reason.STALL_TIMEOUT
             self._run(self._guard.fail, Reason.STALL_TIMEOUT)
-        elif not self._committed:
+        elif self._client is None:
             if not self._asked and now >= self._hold_until:
                 self._run(self._guard.commit)
         elif self._interval and now >= max(self._last_heard, self._last_sent) + self._interval:
