@@ -22,6 +22,7 @@ from proxy.core.sse import Event, EventTooLarge, SSEReader, StatusBlock
 __all__ = ["MAX_HELD", "Failure", "MayResume", "Step", "StreamGuard"]
 
 MAX_HELD = 1024 * 1024  # bytes held before the first content; the hold window ends early past it
+_PIECES = 16  # events of one read fed to the reader one at a time (to reach repeats after them)
 
 # Statuses and messages for failures the I/O layer detects (docs/failures.md).
 # The failures the I/O layer reports, with their message; the status is the lifecycle's table's.
@@ -86,6 +87,15 @@ def _retry_headers(headers: dict[str, str]) -> dict[str, str]:
         elif lower.startswith("x-ratelimit-"):
             kept[lower] = value
     return kept
+
+
+def _merge(a: Step, b: Step) -> Step:
+    """One Step for two consecutive pieces of one read (`a` neither ended the stream nor broke it)."""
+    b.commit = a.commit or b.commit
+    b.data = a.data + b.data if a.data else b.data
+    b.first_content = a.first_content or b.first_content
+    b.content_events += a.content_events
+    return b
 
 
 def _join(parts: list[bytes]) -> bytes:
@@ -180,17 +190,42 @@ class StreamGuard:
         """Upstream bytes arrived."""
         if self._done:
             return Step()
-        step, out = self._begin()
-        try:
-            items = self._reader.feed(chunk)
-        except EventTooLarge as exc:
-            # Deliver what was complete before the oversized event, then end on a clean boundary.
-            ended = self._consume(step, out, exc.complete)
-            if ended is not None:
-                return ended
-            message = f"an upstream event exceeded the proxy's limit of {self._max} bytes"
-            return self._error(step, out, 502, message, "stream_cut", "oversized_event")
-        return self._consume(step, out, items) or self._flush(step, out)
+        if (
+            not chunk
+            or self._stitch is not None  # (a continuation: every event is rewritten)
+            or self._pending is not None
+            or (not self.committed and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
+        ):
+            return self._feed(chunk)
+        # Runs of content events the dialect knows without a parse skip the reader; other events go
+        # through it one at a time (it gives the same items however reads are split, and holding
+        # cannot end early within this read), and their Steps are merged into one.
+        acc: Step | None = None
+        start, n, pieces = 0, len(chunk), _PIECES
+        if self.committed and not self._reader.idle:
+            acc, start = self._complete_pending(chunk)
+        while start < n:
+            if self.committed and self._reader.idle:
+                count, end = self._stream.repeats(chunk, start, self._max)
+                if count:
+                    self.events += count
+                    self.content_events += count
+                    data = chunk if end - start == n else chunk[start:end]
+                    step = Step(data=data, content_events=count, first_content=self.content_events == count)
+                    acc = step if acc is None else _merge(acc, step)
+                    start = end
+                    continue
+            end = chunk.find(b"\n\n", start) + 2
+            if end < 2 or pieces == 0:
+                end = n
+            pieces -= 1
+            step = self._feed(chunk if end - start == n else chunk[start:end])
+            acc = step if acc is None else _merge(acc, step)
+            if step.done or step.resume:  # (the rest of a read after a break is not read, as before)
+                break
+            start = end
+        assert acc is not None
+        return acc
 
     def end_of_stream(self) -> Step:
         """The upstream closed cleanly (EOF); a partial last event is dropped."""
@@ -263,6 +298,36 @@ class StreamGuard:
             step.data = _join(out)
         step.resume = pending.reason
         return step
+
+    def _complete_pending(self, chunk: bytes) -> tuple[Step | None, int]:
+        """The event a read cut in two, when its bytes are repeats: their Step and where the read
+        goes on; else (None, 0). (A read rarely ends on an event boundary.)"""
+        pending = self._reader.pending_event()
+        end = chunk.find(b"\n\n") + 2
+        if pending is None or end < 2:
+            return None, 0
+        event = pending + chunk[:end]
+        count, stop = self._stream.repeats(event, 0, self._max)
+        if not count or stop != len(event):
+            return None, 0
+        self._reader.discard_pending()
+        self.events += count
+        self.content_events += count
+        return Step(data=event, content_events=count, first_content=self.content_events == count), end
+
+    def _feed(self, chunk: bytes) -> Step:
+        """Through the reader and the dialect's classification: every event parsed."""
+        step, out = self._begin()
+        try:
+            items = self._reader.feed(chunk)
+        except EventTooLarge as exc:
+            # Deliver what was complete before the oversized event, then end on a clean boundary.
+            ended = self._consume(step, out, exc.complete)
+            if ended is not None:
+                return ended
+            message = f"an upstream event exceeded the proxy's limit of {self._max} bytes"
+            return self._error(step, out, 502, message, "stream_cut", "oversized_event")
+        return self._consume(step, out, items) or self._flush(step, out)
 
     def _begin(self) -> tuple[Step, list[bytes]]:
         step = Step()

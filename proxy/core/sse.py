@@ -123,6 +123,25 @@ class SSEReader:
                 return h - self._lead
         return n
 
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered or pending and only LF line ends so far: a chunk of whole one-line
+        ``data: `` events (with no CR) is then read as exactly those events, leaving this state as is."""
+        return not self._buf and not self._lead and not self._skip_lf and not self._cr and not self._at_start \
+            and self._status is None
+
+    def pending_event(self) -> bytes | None:
+        """The start of an event left from earlier reads, when that is all the state there is (an
+        LF-only stream, no status block, no CRLF half); None otherwise."""
+        if not self._buf or self._lead or self._skip_lf or self._cr or self._at_start or self._status is not None:
+            return None
+        return bytes(self._buf)
+
+    def discard_pending(self) -> None:
+        """The caller completed the pending event itself (with bytes it then does not feed)."""
+        self._buf.clear()
+        self._scan = 0
+
     def feed(self, chunk: bytes) -> list[Event | StatusBlock]:
         """Take the next bytes of the stream; return the items they complete, in order."""
         if self._at_start:

@@ -116,6 +116,12 @@ class DialectStream(ABC):
             return Kind.MALFORMED
         return self.classify_object(event, obj)
 
+    def repeats(self, chunk: bytes, start: int, limit: int) -> tuple[int, int]:
+        """How many whole one-line `data:` events (each at most `limit` bytes) from `start` on are ones
+        `classify` would call CONTENT while changing nothing in this stream's state, and the offset
+        after the last: a quick check that parses nothing, (0, start) when unsure."""
+        return 0, start
+
     def classify_done(self) -> Kind:
         """A `[DONE]`: in dialects whose terminal is another event, the upstream's end of stream."""
         return Kind.END

@@ -13,6 +13,7 @@ from typing import Any
 
 from proxy.core.dialects.base import DialectStream, Kind, usage_from
 from proxy.core.dialects.errors import ErrorCode, ErrorInfo, describe_error, dumps, is_error_object, openai_error
+from proxy.core.dialects.repeat import ContentTemplate
 from proxy.core.sse import Event
 
 __all__ = ["ABORTED", "ABORT_REASON", "DONE_FRAME", "ChatStream"]
@@ -27,12 +28,13 @@ ABORTED = ErrorInfo(502, 'the upstream aborted the generation (finish_reason "ab
 class ChatStream(DialectStream):
     """Tracks, per choice index, whether it produced output and whether it has a finish_reason."""
 
-    __slots__ = ("_finished", "_produced", "_reasons", "_seen", "recorder")
+    __slots__ = ("_finished", "_produced", "_reasons", "_seen", "_template", "recorder")
 
     def __init__(self) -> None:
         super().__init__()
         # --resume-on-cut: told every chunk, to keep the answer so far (proxy/core/resume/transcript.py)
         self.recorder: Callable[[dict[str, Any]], None] | None = None
+        self._template = ContentTemplate()
         self._seen: set[int] = set()
         self._finished: set[int] = set()
         self._produced: set[int] = set()
@@ -41,6 +43,11 @@ class ChatStream(DialectStream):
     @property
     def finished(self) -> bool:
         return bool(self._seen) and self._seen <= self._finished
+
+    def repeats(self, chunk: bytes, start: int, limit: int) -> tuple[int, int]:
+        if self.recorder is not None:  # (it must see every chunk)
+            return 0, start
+        return self._template.run(chunk, start, limit)
 
     def classify_done(self) -> Kind:
         return Kind.EARLY_DONE if self._produced - self._finished else Kind.TERMINAL
@@ -92,7 +99,20 @@ class ChatStream(DialectStream):
             if produced:
                 self._produced.add(index)
                 content = True
+        if content and not usage and len(choices) == 1:
+            self._learn(event.data, obj, choices[0])
         return Kind.CONTENT if content else Kind.PASS
+
+    def _learn(self, data: bytes, obj: dict[str, Any], choice: Any) -> None:
+        """A lone choice's text as the template's leaf: with no usage and no finish_reason, a repeat
+        adds only the choice index this event already added to the sets (`repeats` is then exact)."""
+        if choice.get("finish_reason"):
+            return
+        delta = choice.get("delta")
+        holder, key = (delta, "content") if type(delta) is dict else (choice, "text")
+        text = holder.get(key)
+        if type(text) is str and text:
+            self._template.learn(data, obj, holder, key)
 
     def error_frame(self, status: int, message: str, code: ErrorCode | None = None) -> bytes:
         error = dumps({"error": openai_error(status, message, code)})
