@@ -194,6 +194,7 @@ class StreamGuard:
             not chunk
             or self._stitch is not None  # (a continuation: every event is rewritten)
             or self._pending is not None
+            or not self._stream.may_repeat()  # (no dialect check to reach: one piece, as it always was)
             or (not self.committed and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
         ):
             return self._feed(chunk)

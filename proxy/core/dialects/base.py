@@ -116,6 +116,10 @@ class DialectStream(ABC):
             return Kind.MALFORMED
         return self.classify_object(event, obj)
 
+    def may_repeat(self) -> bool:
+        """Whether `repeats` may ever find one (else the guard reads every chunk in one piece)."""
+        return False
+
     def repeats(self, chunk: bytes, start: int, limit: int) -> tuple[int, int]:
         """How many whole one-line `data:` events (each at most `limit` bytes) from `start` on are ones
         `classify` would call CONTENT while changing nothing in this stream's state, and the offset

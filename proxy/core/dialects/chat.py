@@ -44,6 +44,9 @@ class ChatStream(DialectStream):
     def finished(self) -> bool:
         return bool(self._seen) and self._seen <= self._finished
 
+    def may_repeat(self) -> bool:
+        return self.recorder is None and self._template.hopeful
+
     def repeats(self, chunk: bytes, start: int, limit: int) -> tuple[int, int]:
         if self.recorder is not None:  # (it must see every chunk)
             return 0, start

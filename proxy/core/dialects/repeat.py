@@ -45,6 +45,11 @@ class ContentTemplate:
         self._event_tail = b""  # tail + the blank line
         self._tries = _TRIES  # a backend whose events are never canonical costs a few re-encodings only
 
+    @property
+    def hopeful(self) -> bool:
+        """A template is kept, or may still be learnt."""
+        return self._head is not None or self._tries > 0
+
     def matches(self, data: bytes, start: int, end: int) -> bool:
         """`data[start:end]` is the template's bytes with another valid, non-empty JSON string as the text."""
         head = self._head
