@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 RUN_STAMP := $(VENV)/.run-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
 UPSTREAM ?=
 PORT ?= 8080
 ADMIN_PORT ?= 9464
@@ -55,7 +56,14 @@ run: $(RUN_STAMP)
 	@exec env PORT=$(PORT) ADMIN_PORT=$(ADMIN_PORT) FAKE_PORT=$(FAKE_PORT) UPSTREAM='$(UPSTREAM)' BIN=$(BIN) \
 	  $(BIN)/python scripts/run.py
 
-demo: $(STAMP)
+# What `make demo` runs, and no more: the package, uvloop and the openai SDK it drives (not the test tools).
+$(DEMO_STAMP): pyproject.toml $(CONSTRAINTS)
+	@sh scripts/ensure-venv.sh $(PYTHON) $(VENV)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt $(CONSTRAINTS) ]; then :; else \
+	  $(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[speed,demo]'; fi
+	@touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/streamwarden demo
 
 # Direct vs nginx (when installed: apt-get install nginx) vs streamwarden; BENCH_ARGS="--b-streams 64,256 --json out.json".

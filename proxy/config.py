@@ -235,11 +235,18 @@ def _positive_count(text: str) -> int:
 
 
 def _upstream(text: str) -> str:
+    """The backend's base URL. One that ends in `/v1` (what OPENAI_BASE_URL looks like) is refused, as
+    `check` refuses it: clients' paths already carry `/v1`, so the proxy would ask for `/v1/v1/...`, go
+    ready (the health path answers elsewhere) and forward every request to a 404. Stripping it instead
+    would guess: a gateway prefix may really end in `/v1`, and then the operator writes it out."""
     url = URL(text.strip())
     if url.scheme not in ("http", "https") or not url.host:
         raise ConfigError("an http:// or https:// URL such as http://127.0.0.1:8000")
     if url.query_string or url.fragment:
         raise ConfigError("a base URL without query or fragment")
+    if url.path.rstrip("/").endswith("/v1"):
+        root = str(url.with_path(url.path.rstrip("/")[: -len("/v1")] or "/")).rstrip("/")
+        raise ConfigError(f"the backend's root URL, without /v1 (the clients' paths carry it: write {root})")
     return str(url).rstrip("/")
 
 
@@ -252,17 +259,19 @@ def _path(text: str) -> str:
 class _Choice:
     """A parser of one of fixed words; `--help` shows them as `{a,b}`, as argparse's own choices do."""
 
-    def __init__(self, *options: str) -> None:
+    def __init__(self, *options: str, fold_case: bool = False) -> None:
         self.options = options
+        self.fold_case = fold_case
 
     def __call__(self, text: str) -> str:
-        if text not in self.options:
+        value = text.strip().lower() if self.fold_case else text
+        if value not in self.options:
             raise ConfigError("one of " + ", ".join(self.options))
-        return text
+        return value
 
 
-def _choice(*options: str) -> Callable[[str], str]:
-    return _Choice(*options)
+def _choice(*options: str, fold_case: bool = False) -> Callable[[str], str]:
+    return _Choice(*options, fold_case=fold_case)
 
 
 def _optional_url(text: str) -> str | None:
@@ -297,8 +306,8 @@ def _host(text: str) -> str:
 # flag -> (parser, default, help). The single source of truth for `serve`'s flags.
 SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "upstream": (
-        _upstream, None, "base URL of the OpenAI-compatible backend, http:// or https://, may carry a path prefix "
-        "(http://h:8000/prefix); its host must resolve at start",
+        _upstream, None, "root URL of the OpenAI-compatible backend, without /v1 (http://h:8000), may carry a "
+        "path prefix (http://h:8000/prefix); its host must resolve at start",
     ),
     "host": (_host, "0.0.0.0", "address to listen on (both ports)"),
     "port": (_port, "8080", "main port: every request on it is forwarded to the upstream"),
@@ -325,7 +334,7 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "model-label-limit": (_positive_count, "50", "distinct model label values before the rest become 'other'"),
     "log-format": (_choice("json", "console"), "json", "json (one line per request) or console (for humans)"),
     "log-level": (
-        _choice("debug", "info", "warning", "error"), "info",
+        _choice("debug", "info", "warning", "error", fold_case=True), "info",  # vLLM's habit: WARNING
         "lowest level logged; request lines are info when ok or aborted, warning on error, error on a proxy bug",
     ),
     "admin-host": (_host, None, "address the admin port listens on (default: --host's)"),

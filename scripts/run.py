@@ -41,12 +41,13 @@ def main() -> int:
     # inherited by the children. Before the proxy runs, it stops the start.
     signal.signal(signal.SIGINT, on_signal)
     try:
-        busy = [f"{name}={number}" for name, number in (("PORT", port), ("ADMIN_PORT", admin_port))
-                if not _free(number)]
-        if not upstream and not _free(fake_port):
-            busy.append(f"FAKE_PORT={fake_port}")
+        ports = [("PORT", port), ("ADMIN_PORT", admin_port)] + ([] if upstream else [("FAKE_PORT", fake_port)])
+        busy = [(name, number) for name, number in ports if not _free(number)]
         if busy:
-            print(f"make run: in use: {', '.join(busy)}; pick others, e.g. make run PORT=8081", file=sys.stderr)
+            taken = {number for _, number in ports}
+            shown = ", ".join(f"{name}={number}" for name, number in busy)
+            hint = " ".join(f"{name}={_free_near(number, taken)}" for name, number in busy)
+            print(f"make run: in use: {shown}; pick others, e.g. make run {hint}", file=sys.stderr)
             return 2
         if not upstream:
             upstream = f"http://127.0.0.1:{fake_port}"
@@ -89,6 +90,15 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def _free_near(port: int, taken: set[int]) -> int:
+    """A free port just above ``port`` for the hint (one the other variables do not name)."""
+    for candidate in range(port + 1, min(port + 200, 65536)):
+        if candidate not in taken and _free(candidate):
+            taken.add(candidate)
+            return candidate
+    return port + 1
 
 
 def _announced(fake: subprocess.Popen[bytes]) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -112,7 +113,9 @@ def test_a_busy_fake_port_is_one_line_before_anything_starts() -> None:
         done = launch(launcher_env(port, admin, fake))
     assert done.returncode == 2
     assert done.stdout == ""
-    assert done.stderr.splitlines() == [f"make run: in use: FAKE_PORT={fake}; pick others, e.g. make run PORT=8081"]
+    [line] = done.stderr.splitlines()
+    assert re.fullmatch(rf"make run: in use: FAKE_PORT={fake}; pick others, e\.g\. make run FAKE_PORT=\d+", line)
+    assert int(line.rsplit("=", 1)[1]) > fake  # issue 27: the hint names the variable that is busy
     assert not listening(port)
 
 
@@ -121,9 +124,20 @@ def test_a_busy_proxy_port_is_one_line_and_no_banner() -> None:
     with held(port):
         done = launch(launcher_env(port, admin, fake))
     assert done.returncode == 2
-    assert done.stderr.splitlines() == [f"make run: in use: PORT={port}; pick others, e.g. make run PORT=8081"]
+    [line] = done.stderr.splitlines()
+    assert re.fullmatch(rf"make run: in use: PORT={port}; pick others, e\.g\. make run PORT=\d+", line)
     assert "Stop with Ctrl-C" not in done.stdout
     assert not listening(fake), "the fake was not started, or was stopped"
+
+
+def test_a_busy_admin_port_names_admin_port_in_its_hint() -> None:
+    port, admin, fake = free_ports(3)
+    with held(admin):
+        done = launch(launcher_env(port, admin, fake))
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert re.fullmatch(rf"make run: in use: ADMIN_PORT={admin}; pick others, e\.g\. make run ADMIN_PORT=\d+", line)
+    assert " PORT=" not in line.split(";")[1]
 
 
 def test_a_proxy_that_cannot_start_is_its_one_line_and_no_banner() -> None:
@@ -196,3 +210,16 @@ def test_an_old_python_gets_a_one_line_hint(tmp_path: Path) -> None:
         "run make with PYTHON=python3.12 (or another)"
     ]
     assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.skipif(MAKE is None, reason="make is not installed")
+def test_make_demo_on_a_fresh_clone_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
+    """Issue 27: `make demo` installed the whole test toolchain first (36 s for a 30-second tour).
+    A dry run against a virtualenv that does not exist shows what it would install."""
+    assert MAKE is not None
+    done = subprocess.run([MAKE, "-n", "-C", str(ROOT), "demo", f"VENV={tmp_path / 'venv'}"],
+                          capture_output=True, text=True, timeout=WAIT, check=False)
+    assert done.returncode == 0, done.stderr
+    extras = re.findall(r"pip install .*?-e '\.\[([a-z,]*)\]'", done.stdout)
+    assert extras, done.stdout
+    assert all(set(found.split(",")) == {"speed", "demo"} for found in extras), extras

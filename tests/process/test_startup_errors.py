@@ -83,6 +83,21 @@ def test_a_malformed_upstream_names_the_flag() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(("given", "root"), [("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+                                           ("http://gw:8000/openai/v1/", "http://gw:8000/openai")])
+def test_an_upstream_ending_in_v1_is_refused_saying_what_to_write(given: str, root: str) -> None:
+    """Issue 27: `--upstream http://HOST:PORT/v1` (what OPENAI_BASE_URL looks like) went ready and 404'd
+    every request; `check` already refused it. Refused from the variable too."""
+    for done in (run("serve", "--upstream", given), run("serve", env={"STREAMWARDEN_UPSTREAM": given})):
+        assert done.returncode == 2
+        errors = [line for line in done.stderr.splitlines() if "error:" in line]
+        assert len(errors) == 1, done.stderr
+        assert "--upstream" in errors[0]
+        assert "without /v1" in errors[0]
+        assert f"write {root})" in errors[0]
+        assert "Traceback" not in done.stderr
+
+
 def test_no_writable_directory_for_the_workers_metrics_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
 ) -> None:

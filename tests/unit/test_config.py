@@ -57,6 +57,25 @@ def test_bad_values_name_the_flag(argv: list[str], names: str) -> None:
         _config(argv)
 
 
+@pytest.mark.parametrize("level", ["WARNING", "Info", "DEBUG", " error "])
+def test_log_levels_are_read_in_any_case(level: str) -> None:
+    """Issue 27: vLLM users type STREAMWARDEN_LOG_LEVEL=WARNING."""
+    assert _config(["--upstream", "http://x"], {"STREAMWARDEN_LOG_LEVEL": level}).log_level == level.strip().lower()
+    assert _config(["--upstream", "http://x", "--log-level", level]).log_level == level.strip().lower()
+    with pytest.raises(ConfigError, match="--log-level"):
+        _config(["--upstream", "http://x", "--log-level", "LOUD"])
+
+
+@pytest.mark.parametrize("url", ["http://h:8000/v1", "http://h:8000/v1/", "https://gw/openai/v1"])
+def test_an_upstream_ending_in_v1_is_refused(url: str) -> None:
+    with pytest.raises(ConfigError, match="without /v1"):
+        _config(["--upstream", url])
+
+
+def test_an_upstream_prefix_that_only_contains_v1_is_kept() -> None:
+    assert _config(["--upstream", "http://h:8000/v1beta/x"]).upstream == "http://h:8000/v1beta/x"
+
+
 def test_bad_environment_value_names_flag_and_variable() -> None:
     with pytest.raises(ConfigError, match="STREAMWARDEN_CONNECT_TIMEOUT") as info:
         _config(["--upstream", "http://x"], {"STREAMWARDEN_CONNECT_TIMEOUT": "soon"})
