@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import signal
 import sys
@@ -40,6 +41,7 @@ STALL_TIMEOUT = 2.0  # --client-stall-timeout for the demo (default 60)
 IDLE_TIMEOUT = 5.0  # --idle-timeout for the demo (default 120)
 RAW_WAIT = 2.0  # how long a plain reader is given to see a stream end
 LONG_TOKENS = 131072  # the fake's largest answer: ~25 MB at full speed, more than loopback buffers hold
+RESUMES = 1  # --resume-on-cut of the demo's second proxy
 MESSAGES: list[Any] = [{"role": "user", "content": "Say something."}]
 
 
@@ -68,6 +70,8 @@ class _LogSink(io.StringIO):
         text = f"proxy log: {last['outcome']}/{last['reason']}, status {last['status']}"
         if len(found) > 1:
             text += f" ({len(found)} attempts)"
+        if last.get("resumes"):
+            text += f", resumed {last['resumes']} time{'s' * (last['resumes'] != 1)}"
         return text + (", upstream cancelled" if last.get("upstream_cancelled") else "")
 
 
@@ -80,6 +84,7 @@ class _Stack:
     fake_url: str = ""
     proxy_url: str = ""
     admin_url: str = ""
+    resume_url: str = ""  # a second proxy, with --resume-on-cut
     ids: Counter[str] = field(default_factory=Counter)
 
     def request_id(self, case: str, side: str) -> str:
@@ -90,7 +95,7 @@ class _Stack:
         return sum(1 for r in self.recorder.all() if r.request_id == request_id)
 
     def client(self, side: str, *, max_retries: int = 1) -> openai.AsyncOpenAI:
-        base = self.fake_url if side == "direct" else self.proxy_url
+        base = {"direct": self.fake_url, "resume": self.resume_url}.get(side, self.proxy_url)
         return openai.AsyncOpenAI(base_url=base + "/v1", api_key="demo", max_retries=max_retries, timeout=15)
 
 
@@ -100,7 +105,7 @@ async def _servers() -> AsyncIterator[_Stack]:
     fake = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await fake.setup()
     log = _LogSink()
-    server: Server | None = None
+    servers: list[Server] = []
     try:
         await web.TCPSite(fake, HOST, 0).start()
         fake_url = f"http://{HOST}:{fake.addresses[0][1]}"
@@ -108,12 +113,15 @@ async def _servers() -> AsyncIterator[_Stack]:
             upstream=fake_url, host=HOST, port=0, admin_port=0, client_stall_timeout=STALL_TIMEOUT,
             idle_timeout=IDLE_TIMEOUT, drain_timeout=1.0,
         )  # fmt: skip
-        server = Server(config, build_state(config, logger=make_logger("json", "info", log)))
-        await server.start()
-        port, admin_port = server.ports()
-        yield _Stack(fake, app[RECORDER], server, log, fake_url, f"http://{HOST}:{port}", f"http://{HOST}:{admin_port}")
+        for settings in (config, dataclasses.replace(config, resume_on_cut=RESUMES)):
+            server = Server(settings, build_state(settings, logger=make_logger("json", "info", log)))
+            servers.append(server)
+            await server.start()
+        (port, admin_port), (resume_port, _) = (s.ports() for s in servers)
+        yield _Stack(fake, app[RECORDER], servers[0], log, fake_url, f"http://{HOST}:{port}",
+                     f"http://{HOST}:{admin_port}", f"http://{HOST}:{resume_port}")  # fmt: skip
     finally:
-        if server is not None:
+        for server in servers:
             await server.shutdown()
         await fake.cleanup()
 
@@ -319,6 +327,20 @@ async def _null_200(stack: _Stack) -> None:
     _say("", stack.log.verdict(rid))
 
 
+async def _resume(stack: _Stack) -> None:
+    fault = "cut;once=1"
+    _title(6, f"A stream cut mid-answer, resumed (x-fault: {fault}, --resume-on-cut {RESUMES})",
+           "The backend closes the stream after two content chunks, on a request's first attempt only "
+           "(once=1). A second proxy runs with --resume-on-cut: it asks the backend to continue the "
+           "answer so far and relays the rest as the same stream.")  # fmt: skip
+    for side in ("direct", "through", "resume"):
+        rid = stack.request_id("resume", side)
+        turn = await _stream_turn(stack, side, rid, {"x-fault": fault}, max_tokens=10)
+        _say(side, f"{turn.describe()}; the backend got {stack.attempts(rid)} request(s)")
+        if side != "direct":
+            _say("", stack.log.verdict(rid))
+
+
 async def _metrics(stack: _Stack) -> None:
     """The proxy's counters that moved, as its admin port's /metrics shows them."""
     async with aiohttp.ClientSession() as session, session.get(stack.admin_url + "/metrics") as resp:
@@ -344,12 +366,15 @@ async def _metrics(stack: _Stack) -> None:
             print(f"    {{{shown}}} {value}")
 
 
-CASES: tuple[Callable[[_Stack], Awaitable[None]], ...] = (_normal, _stray_503, _error_after_first, _abandon, _null_200)
+CASES: tuple[Callable[[_Stack], Awaitable[None]], ...] = (
+    _normal, _stray_503, _error_after_first, _abandon, _null_200, _resume,
+)
 
 
 def _intro(stack: _Stack) -> None:
     print(f"streamwarden demo\n  fake upstream  {stack.fake_url}  (breaks on demand: x-fault header)")
     print(f"  streamwarden   {stack.proxy_url}  (admin: {stack.admin_url})")
+    print(f"  streamwarden   {stack.resume_url}  (--resume-on-cut {RESUMES}, for case 6)")
     print(textwrap.fill(
         f"Each case calls both with the official openai SDK (AsyncOpenAI, max_retries=1). Demo settings: "
         f"--client-stall-timeout {STALL_TIMEOUT:.0f} --idle-timeout {IDLE_TIMEOUT:.0f} (defaults 60 and 120); "
@@ -362,6 +387,8 @@ def _try_by_hand(stack: _Stack) -> None:
     print(f"  curl -N {stack.proxy_url}/v1/chat/completions \\")
     print("    -H 'Content-Type: application/json' -H 'x-fault: stray_503' \\")
     print('    -d \'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}\'')
+    print("  resume: the same with -H 'x-fault: cut;once=1', against the proxy with")
+    print(f"    --resume-on-cut: {stack.resume_url}")
     print(f"  export OPENAI_BASE_URL={stack.proxy_url}/v1 OPENAI_API_KEY=unused")
     print(f"  (direct: {stack.fake_url}/v1; metrics: {stack.admin_url}/metrics;")
     print("   the proxy's log lines follow on stderr)")

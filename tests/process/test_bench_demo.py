@@ -58,7 +58,7 @@ def _check_tour(out: str) -> None:
     assert "Traceback" not in out
     assert all(len(line) <= 80 for line in out.splitlines()), "wider than 80 columns"
     cases = _cases(out)
-    assert sorted(cases) == [1, 2, 3, 4, 5]
+    assert sorted(cases) == [1, 2, 3, 4, 5, 6]
 
     normal = cases[1]
     for side in ("direct", "through"):
@@ -91,6 +91,15 @@ def _check_tour(out: str) -> None:
     null = cases[5]
     assert "no exception; create() returned None" in _side(null, "direct")
     assert "InternalServerError 502" in _side(null, "through")
+
+    resume = cases[6]  # issue 27: resume seen with the built-in fake (x-fault: cut;once=1)
+    assert "the backend got 1 request(s)" in _side(resume, "through")
+    assert any("error/stream_cut" in line for line in resume)
+    resumed = _side(resume, "resume")
+    assert "no exception" in resumed
+    assert "'The fake upstream streams" in resumed
+    assert "the backend got 2 request(s)" in resumed
+    assert any("ok/complete" in line and "resumed 1 time" in line for line in resume)
 
     metrics = out[out.index("The proxy's metrics that moved") :]
     for expected in (

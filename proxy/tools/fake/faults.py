@@ -92,11 +92,29 @@ def select_fault(headers: Mapping[str, str], body: object) -> Fault | None:
     return None
 
 
+ONCE_KEYS = 10_000  # requests ``once=1`` remembers: the oldest are forgotten first
+
+
 class Attempts:
-    """Counts attempts per key, for ``fail_first`` (one per app, under ``app[ATTEMPTS]``)."""
+    """Counts attempts per key, for ``fail_first`` and ``once=1`` (one per app, under ``app[ATTEMPTS]``)."""
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
+        self._seen: dict[str, None] = {}  # insertion-ordered: a bounded memory of requests already broken
+
+    def first(self, headers: Mapping[str, str]) -> bool:
+        """Whether this is a request's first attempt, for ``once=1``: a retry or a continuation carries
+        the same ``x-fault-key``, else the same ``X-Request-Id`` (the proxy sends its id on both). A
+        request with neither is always a first attempt."""
+        key = headers.get(FAULT_KEY_HEADER) or headers.get("X-Request-Id")
+        if not key:
+            return True
+        if key in self._seen:
+            return False
+        self._seen[key] = None
+        if len(self._seen) > ONCE_KEYS:
+            del self._seen[next(iter(self._seen))]
+        return True
 
     def next(self, headers: Mapping[str, str], body: bytes) -> int:
         """The 1-based number of this attempt for its key (``x-fault-key``, else the body's hash)."""

@@ -91,7 +91,15 @@ def _preamble(frames: list[Frame]) -> int:
     return first_content_end(frames) - 1
 
 
+def _breaks(ex: Exchange, fault: Fault) -> bool:
+    """False for a retry or a continuation of a request whose fault says ``once=1``: served whole, so
+    that ``--resume-on-cut`` (or a client's retry) can be seen to mend it."""
+    return not fault.flag("once") or ex.request.app[ATTEMPTS].first(ex.request.headers)
+
+
 async def _stray_503(ex: Exchange, fault: Fault) -> web.StreamResponse:
+    if not _breaks(ex, fault):
+        return await ex.normal()
     frames = ex.frames()
     after = fault.integer("after", _preamble(frames))  # right after the role chunk / response.created ...
     await ex.open_stream()
@@ -101,6 +109,8 @@ async def _stray_503(ex: Exchange, fault: Fault) -> web.StreamResponse:
 
 
 async def _cut(ex: Exchange, fault: Fault) -> web.StreamResponse:
+    if not _breaks(ex, fault):
+        return await ex.normal()
     frames = ex.frames()
     after, eof = fault.integer("after", _preamble(frames) + 2), fault.flag("eof")
     await ex.open_stream()
@@ -109,6 +119,8 @@ async def _cut(ex: Exchange, fault: Fault) -> web.StreamResponse:
 
 
 async def _reset(ex: Exchange, fault: Fault) -> web.StreamResponse:
+    if not _breaks(ex, fault):
+        return await ex.normal()
     if ex.spec is None or not ex.spec.stream:
         return ex.reset()
     frames = ex.frames()
@@ -152,6 +164,8 @@ async def _error_field(ex: Exchange, fault: Fault) -> web.StreamResponse:
 
 
 async def _stall(ex: Exchange, fault: Fault) -> web.StreamResponse:
+    if not _breaks(ex, fault):
+        return await ex.normal()
     frames = ex.frames()
     after, hold = fault.integer("after", _preamble(frames) + 1), fault.number("hold", HOLD_SECONDS)
     await ex.open_stream()
@@ -295,13 +309,16 @@ async def _vllm_abort(ex: Exchange, fault: Fault) -> web.StreamResponse:
 
 
 _REGISTRY = (
-    Scenario("stray_503", GENERATION, "stream", ("after",),
-             "200, `after` events (the preamble), then a raw HTTP/1.0 503 block inside the body, then close",
-             _stray_503),
-    Scenario("cut", GENERATION, "stream", ("after", "eof"),
-             "`after` events (preamble + 2), then close with the body unterminated (eof=1: ended)", _cut),
-    Scenario("reset", ALL, "any", ("after",),
-             "`after` events (preamble + 2), then a TCP RST; non-stream: RST instead of an answer", _reset),
+    Scenario("stray_503", GENERATION, "stream", ("after", "once"),
+             "200, `after` events (the preamble), then a raw HTTP/1.0 503 block inside the body, then close "
+             "(once=1: only a request's first attempt)", _stray_503),
+    Scenario("cut", GENERATION, "stream", ("after", "eof", "once"),
+             "`after` events (preamble + 2), then close with the body unterminated (eof=1: ended; once=1: "
+             "only a request's first attempt, so a continuation or a retry with the same X-Request-Id or "
+             "x-fault-key gets the whole answer)", _cut),
+    Scenario("reset", ALL, "any", ("after", "once"),
+             "`after` events (preamble + 2), then a TCP RST; non-stream: RST instead of an answer "
+             "(once=1: only a request's first attempt)", _reset),
     Scenario("error_after_first", GENERATION, "stream", ("hold",),
              "first content, the dialect's own error frame, then silence for `hold` s (600)", _error_after_first),
     Scenario("error_object_foreign", CHAT_LIKE, "stream", (),
@@ -310,8 +327,9 @@ _REGISTRY = (
              'first content, then {"error":"text","error_type":...} (TGI), then end', _error_string),
     Scenario("error_field", CHAT_LIKE, "stream", (),
              "first content, a bare `error:` line (old llama.cpp), then [DONE]", _error_field),
-    Scenario("stall", GENERATION, "stream", ("after", "hold"),
-             "`after` events (preamble + 1), then silence for `hold` s (600), then close", _stall),
+    Scenario("stall", GENERATION, "stream", ("after", "hold", "once"),
+             "`after` events (preamble + 1), then silence for `hold` s (600), then close (once=1: only a "
+             "request's first attempt)", _stall),
     Scenario("no_terminal", GENERATION, "stream", (),
              "the whole generation but no [DONE] / message_stop / response.completed", _no_terminal),
     Scenario("malformed_event", GENERATION, "stream", ("at",),
