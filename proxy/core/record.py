@@ -49,6 +49,7 @@ class ExchangeRecord:
     gaps: TokenGaps | None = None  # content-event times of a stream, from its first forwarded content on
     response_model: str | None = None  # the model the upstream says answered
     upstream_message: str | None = None  # the upstream's own error message, for the log line
+    cause: str | None = None  # why the way to the upstream failed (the OS error, the deadline), for the log line
     finish_reasons: tuple[str, ...] = ()
     booked: bool = False  # its metrics and log line are written
     span: Any = None  # the OpenTelemetry span, when tracing is on

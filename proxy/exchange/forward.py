@@ -40,6 +40,7 @@ from proxy.exchange.upstream import UpstreamHead, UpstreamLink
 __all__ = ["client_request_id", "handle"]
 
 _REQUEST_ID = "X-Request-Id"
+_CAUSE_MAX = 200
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 _REQUEST_ID_MAX = 200
 _SHUTTING_DOWN = "the proxy is shutting down"
@@ -89,8 +90,10 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
                 raise Refusal(Reason.SHUTDOWN, _SHUTTING_DOWN)
             return await _exchange(request, state, flight)
         except Refusal as exc:
+            ex.cause = exc.message[:_CAUSE_MAX]
             return await _tell(flight, life.refused(exc.reason), exc.message, exc.headers, close=True)
         except UpstreamFailure as exc:
+            ex.cause = exc.message[:_CAUSE_MAX]  # the client got it; the log line says it too (issue 27)
             return await _tell(flight, life.upstream_failed(exc.reason), exc.message)
         except Interrupted:
             return await _tell(flight, life.interrupted(), _SHUTTING_DOWN, close=True)

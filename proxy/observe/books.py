@@ -151,6 +151,8 @@ class Books:
     ) -> None:
         if ex.upstream_message is not None:
             extra["upstream_message"] = ex.upstream_message
+        if ex.cause is not None:
+            extra["cause"] = ex.cause
         getattr(self.logger, log_level(outcome, reason))(
             "request",
             request_id=ex.request_id,

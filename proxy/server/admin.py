@@ -4,6 +4,7 @@ upstream's (a backend's own /metrics or /health stays reachable through the prox
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 
@@ -59,29 +60,49 @@ class UpstreamProbe:
         self.state = state
         self._checked_at = -PROBE_CACHE_SECONDS
         self._up = False
+        self._known: bool | None = None  # the state last logged; None before the first probe
         self._lock = asyncio.Lock()
 
     async def is_up(self) -> bool:
         async with self._lock:  # one probe at a time; callers during it share its answer
             if time.monotonic() - self._checked_at >= PROBE_CACHE_SECONDS:
-                self._up = await self._probe()
+                self._up, cause = await self._probe()
                 self._checked_at = time.monotonic()
                 self.state.metrics.upstream_up.set(1 if self._up else 0)
+                self._log_transition(cause)
             return self._up
 
-    async def _probe(self) -> bool:
+    def _log_transition(self, cause: str) -> None:
+        """One line per change of the upstream's state, at warning (so `--log-level warning` keeps it):
+        a dead or wrong upstream is otherwise seen only as a pod going NotReady. The first probe logs
+        only a down upstream; an up one is the normal start."""
+        if self._up == self._known or (self._known is None and self._up):
+            self._known = self._up
+            return
+        came_back = self._known is False
+        self._known = self._up
+        upstream, path = self.state.config.redacted_upstream(), self.state.config.health_path
+        if self._up:
+            self.state.books.logger.warning("upstream_up", upstream=upstream, health_path=path, came_back=came_back)
+        else:
+            self.state.books.logger.warning("upstream_down", upstream=upstream, health_path=path, cause=cause)
+
+    async def _probe(self) -> tuple[bool, str]:
+        """(up, why not when it is down)."""
         path = self.state.config.health_path
-        status, body = await self._get(path)
+        status, body, cause = await self._get(path)
         up = status is not None and status < 500
+        if status is not None and not up:
+            cause = f"GET {path} answered {status}"
         if up and path != MODELS_PATH:
-            status, body = await self._get(MODELS_PATH)
+            status, body, _ = await self._get(MODELS_PATH)
         names = served_models(body) if status == 200 else None
         if names is not None:
             self.state.metrics.models.set_served(names)
-        return up
+        return up, cause
 
-    async def _get(self, path: str) -> tuple[int | None, bytes]:
-        """(status, up to 1 MiB of the body); (None, b"") when the upstream did not answer in time."""
+    async def _get(self, path: str) -> tuple[int | None, bytes, str]:
+        """(status, up to 1 MiB of the body, ""); (None, b"", why) when the upstream did not answer in time."""
         state = self.state
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
         headers = {"Authorization": state.upstream_authorization} if state.upstream_authorization else None
@@ -89,9 +110,23 @@ class UpstreamProbe:
             async with state.upstream_session.get(
                 state.upstream_base + path, timeout=timeout, allow_redirects=False, headers=headers
             ) as resp:
-                return resp.status, await _bounded_body(resp) if resp.status == 200 else b""
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return None, b""
+                return resp.status, await _bounded_body(resp) if resp.status == 200 else b"", ""
+        except TimeoutError:
+            return None, b"", f"GET {path}: no answer within {PROBE_TIMEOUT_SECONDS:g} s"
+        except (aiohttp.ClientError, OSError) as exc:
+            return None, b"", f"GET {path}: {_why(exc)}"
+
+
+def _why(exc: BaseException) -> str:
+    """The OS error of a failed probe in one short line (no traceback, no class name when there is text)."""
+    os_error = getattr(exc, "os_error", None)
+    if isinstance(os_error, OSError) and os_error.errno is not None:
+        text = os.strerror(os_error.errno)
+    elif isinstance(exc, OSError) and exc.errno is not None:
+        text = os.strerror(exc.errno)
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:200]
 
 
 # `--workers N`: (workers ready, workers wanted), from the supervisor; absent for one process.

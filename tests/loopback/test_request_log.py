@@ -62,8 +62,10 @@ UPSTREAM_SAID = {"upstream_4xx", "upstream_5xx", "upstream_error_frame", "stray_
 def check_shape(line: dict[str, Any]) -> None:
     # issue 21: what the upstream said rides along on the failures it explains
     said = {"upstream_message"} if "upstream_message" in line else set()
+    said |= {"cause"} if "cause" in line else set()  # issue 27: why the way to the upstream failed
     assert set(line) == FIELDS | STRUCTLOG | said, set(line) ^ (FIELDS | STRUCTLOG | said)
-    assert not said or line["reason"] in UPSTREAM_SAID, line["reason"]
+    assert "upstream_message" not in said or line["reason"] in UPSTREAM_SAID, line["reason"]
+    assert "cause" not in said or line["outcome"] == "error", line["reason"]
     assert line["event"] == "request"
     assert line["level"] == log_level(line["outcome"], line["reason"])  # issue 21: warning on error
     assert isinstance(line["duration_ms"], float)
@@ -181,6 +183,7 @@ async def test_error_lines(
         "stream": True, "status": 502, "upstream_status": None, "outcome": "error", "reason": "connect_failed",
         "ttft_ms": None, "events": 0, "usage_source": None, "upstream_cancelled": False,
     }
+    assert line["cause"].startswith("could not connect to the upstream: ")  # what the client was told
 
 
 async def test_aborted_line(proxy: Proxy, fake_upstream: FakeUpstream, http: aiohttp.ClientSession) -> None:
