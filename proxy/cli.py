@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--port", metavar="PORT", type=int, default=8000, help="port to listen on (default 8000)")
     fake.add_argument("--token-rate", metavar="N", type=float, default=20.0,
                       help="content events per second (default 20; 0: no delay)")
-    fake.add_argument("--quirk", metavar="NAME", help="a backend quirk shown on every request (docs/fake-upstream.md)")
+    fake.add_argument("--quirk", metavar="NAME", action="append",
+                      help="a backend quirk shown on every request, one at a time (listed below)")
     fake.add_argument("--fast", action="store_true",
                       help="the raw-asyncio chat backend of `bench` (pace from the model name: fast-20ms)")
     demo = sub.add_parser("demo", help="fake upstream + proxy + a guided tour, then exit")
@@ -60,13 +61,16 @@ def _needs_extra(exc: ModuleNotFoundError, extra: str, modules: set[str]) -> int
 
 
 def _list_scenarios(fake: argparse.ArgumentParser) -> None:
-    """`fake-upstream --help` lists every scenario, from the registry the fake answers with."""
+    """`fake-upstream --help` lists every scenario and quirk, from the registries the fake answers with."""
     from proxy.tools.fake import describe
+    from proxy.tools.fake.quirks import QUIRKS
 
     rows = describe()
     width = max(len(row.name) for row in rows)
     lines = [f"  {row.name:<{width}}  {row.summary}" for row in rows]
-    fake.epilog = "scenarios (details: docs/fake-upstream.md):\n" + "\n".join(lines)
+    quirks = [f"  {name:<{width}}  {text}" for name, text in QUIRKS.items()]
+    fake.epilog = ("scenarios (details: docs/fake-upstream.md):\n" + "\n".join(lines)
+                   + "\n\nquirks (--quirk NAME, one at a time):\n" + "\n".join(quirks))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,6 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fake-upstream":
         if args.fast and args.quirk:
             _subparser(parser, "fake-upstream").error("--quirk does not apply to --fast")
+        quirks = args.quirk or []
+        if len(quirks) > 1:  # the last one silently won: each quirk is one backend's whole behaviour
+            _subparser(parser, "fake-upstream").error(
+                f"--quirk: one quirk at a time (each is a whole backend's behaviour), got {', '.join(quirks)}"
+            )
+        quirk = quirks[0] if quirks else None
         try:
             if args.fast:
                 from proxy.tools.fake.fast import main as run_fast
@@ -105,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from proxy.tools.fake import FakeSettings, run
 
             try:
-                settings = FakeSettings(token_rate=args.token_rate, quirk=args.quirk)
+                settings = FakeSettings(token_rate=args.token_rate, quirk=quirk)
             except ValueError as exc:
                 _subparser(parser, "fake-upstream").error(str(exc))
             run(args.host, args.port, settings)

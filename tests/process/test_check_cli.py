@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from proxy.tools.check.report import PROBE_IDS
+from proxy.tools.fake.quirks import QUIRKS
 
 PY = sys.executable
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}
@@ -111,3 +112,28 @@ def test_the_report_as_a_user_gets_it(tmp_path: Path) -> None:
     for probe, result in results.items():
         assert any(row.startswith(probe) and f" {result} " in row for row in rows), probe
     assert rows[-1] == "recommended serve flags: --cancel-hook llama-conversation --health-path /health"
+
+
+def test_a_report_where_no_dialect_answered_is_a_failure(tmp_path: Path) -> None:
+    """Issue 27: every dialect failed, yet `check` said "none beyond the defaults" and exited 0."""
+    report = tmp_path / "report.json"
+    with fake_process("--quirk", "health_lies") as url:  # every generation request gets 503
+        done = streamwarden("check", "--upstream", url, "--json", str(report))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "none beyond the defaults" not in done.stdout
+    assert done.stdout.splitlines()[-1].startswith("check failed: no dialect answered a plain request")
+    assert done.stderr.splitlines() == [f"streamwarden check: {url}: " + done.stdout.splitlines()[-1]]
+    results = {p["id"]: p["result"] for p in orjson.loads(report.read_bytes())["probes"]}
+    assert all(results[f"dialect.{d}"] == "fail" for d in ("chat_completions", "completions", "responses", "messages"))
+
+
+def test_two_quirks_are_refused_and_help_lists_every_quirk() -> None:
+    done = streamwarden("fake-upstream", "--quirk", "cut", "--quirk", "no_done")
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert errors == ["streamwarden fake-upstream: error: --quirk: one quirk at a time (each is a whole backend's "
+                      "behaviour), got cut, no_done"]
+    shown = streamwarden("fake-upstream", "--help").stdout
+    listed = shown[shown.index("quirks (--quirk NAME"):]
+    for name in QUIRKS:
+        assert re.search(rf"^  {name} +\S", listed, re.MULTILINE), name

@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "FAIL",
+    "NOT_REACHED",
     "OK",
     "PROBE_IDS",
     "QUIRK",
@@ -43,6 +44,10 @@ PROBE_IDS = (
     "metrics",
 )
 _DETAIL_LIMIT = 400
+NOT_REACHED = (
+    "check failed: no dialect answered a plain request, so nothing above tells what this backend does "
+    "(a wrong URL or model, a missing --api-key, an engine that is down?)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,13 @@ class Report:
 
     def get(self, probe_id: str) -> Finding | None:
         return next((f for f in self.probes if f.id == probe_id), None)
+
+    @property
+    def reached(self) -> bool:
+        """Whether any dialect answered a plain request: a report where none did says nothing about the
+        backend's failure modes (a wrong URL, a dead engine, a missing key), and must not read as clean."""
+        dialects = [f for f in self.probes if f.id.startswith("dialect.")]
+        return not dialects or any(f.result == OK for f in dialects)
 
     @property
     def recommended_flags(self) -> list[str]:
@@ -123,7 +135,10 @@ def render_table(report: Report, width: int | None = None) -> str:
         lines += [" " * (id_w + res_w + 4) + chunk for chunk in chunks[1:]]
     lines.append("")
     flags = report.recommended_flags
-    lines.append("recommended serve flags: " + (" ".join(flags) if flags else "none beyond the defaults"))
+    if not report.reached:
+        lines.append(NOT_REACHED)
+    else:
+        lines.append("recommended serve flags: " + (" ".join(flags) if flags else "none beyond the defaults"))
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """`streamwarden check`: run the probes one after another against one backend, print the table, and
-write the JSON report. Exit 0 whenever a report was made; 2 with one line for a bad argument or a
-backend that cannot be reached.
+write the JSON report. Exit 0 when a report was made from a backend that answered; 1 when no dialect
+answered a plain request (the report is written, and says so); 2 with one line for a bad argument or a
+backend that cannot be reached at all.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from proxy.tools.check.probes import (
     probe_stream_terminal,
     probe_stream_usage,
 )
-from proxy.tools.check.report import PROBE_IDS, Report, render_table
+from proxy.tools.check.report import NOT_REACHED, PROBE_IDS, Report, render_table
 from proxy.tools.check.requests import DIALECTS
 
 __all__ = ["NoModel", "main", "run_check"]
@@ -117,4 +118,7 @@ def main(options: CheckOptions) -> int:
         except OSError as exc:
             print(f"streamwarden check: cannot write {options.json_path}: {exc.strerror or exc}", file=sys.stderr)
             return 2
+    if not report.reached:
+        print(f"streamwarden check: {options.upstream}: {NOT_REACHED}", file=sys.stderr)
+        return 1
     return 0
