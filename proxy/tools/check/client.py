@@ -2,6 +2,11 @@
 event by event with the proxy's own SSE reader, so a stray HTTP block or a cut is seen as the proxy
 would see it. Every transport failure becomes ``Unreachable`` (before any answer) or is recorded on the
 stream (after), never a traceback.
+
+Bounded against a hostile or broken backend (issue 26): a body is read up to ``max_body`` bytes (more
+is ``Overflow``, a kind of ``Unreachable``, so each probe reports it as a finding), and a stream up to
+``max_body`` bytes and ``stream_deadline`` seconds in all (past either it is recorded as cut): a 1.5 GB
+``/metrics``, a flood of events or one event a second forever cannot grow the check or hold it.
 """
 
 from __future__ import annotations
@@ -18,11 +23,18 @@ from yarl import URL
 
 from proxy.core.sse import Event, SSEReader, StatusBlock
 
-__all__ = ["Reply", "Stream", "Unreachable", "Upstream", "error_message"]
+__all__ = ["MAX_BODY", "MAX_EVENTS", "Overflow", "Reply", "Stream", "Unreachable", "Upstream", "error_message"]
+
+MAX_BODY = 16 * 1024 * 1024  # bytes of one answer or stream: a probe asks for 8-192 tokens
+MAX_EVENTS = 20_000  # events of one stream (each is a Python object: bytes alone would not bound memory)
 
 
 class Unreachable(Exception):
     """No HTTP answer at all: refused, reset before the status line, DNS, or the probe's timeout."""
+
+
+class Overflow(Unreachable):
+    """An answer larger than the check reads: not a usable answer, said as such."""
 
 
 @dataclass(slots=True)
@@ -71,9 +83,15 @@ def error_message(body: Any) -> str | None:
 class Upstream:
     """The backend at ``base``; ``timeout`` bounds each request (a stream: each read too)."""
 
-    def __init__(self, base: str, *, api_key: str | None, timeout: float) -> None:
+    def __init__(
+        self, base: str, *, api_key: str | None, timeout: float, max_body: int = MAX_BODY,
+        stream_deadline: float | None = None, max_events: int = MAX_EVENTS,
+    ) -> None:
         self.base = URL(base.rstrip("/") or base)
         self.timeout = timeout
+        self.max_body = max_body
+        self.max_events = max_events
+        self.stream_deadline = stream_deadline if stream_deadline is not None else 2 * timeout
         self._headers = {"User-Agent": "streamwarden-check"}
         if api_key:
             self._headers |= {"Authorization": f"Bearer {api_key}", "x-api-key": api_key}
@@ -117,7 +135,7 @@ class Upstream:
             async with asyncio.timeout(self.timeout):
                 async with self.session.request(method, self.url(path), data=data, headers=sent) as resp:
                     self._note_server(resp)
-                    return Reply(resp.status, resp.headers, await resp.read())
+                    return Reply(resp.status, resp.headers, await self._bounded(resp, f"{method} {path}"))
         except TimeoutError:
             raise Unreachable(f"no answer within {self.timeout:g} s") from None
         except (aiohttp.ClientError, OSError) as exc:
@@ -144,20 +162,41 @@ class Upstream:
         finally:
             resp.close()
 
+    async def _bounded(self, resp: aiohttp.ClientResponse, what: str) -> bytes:
+        """The body, up to ``max_body`` bytes; ``Overflow`` past it (the rest is never read)."""
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await resp.content.readany():
+            size += len(chunk)
+            if size > self.max_body:
+                raise Overflow(f"{what} answered more than {_size(self.max_body)} (the check reads no more)")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def _items(self, resp: aiohttp.ClientResponse, stream: Stream) -> AsyncIterator[Event | StatusBlock]:
         if not (200 <= resp.status < 300) or "event-stream" not in resp.headers.get("Content-Type", ""):
             try:
                 async with asyncio.timeout(self.timeout):
-                    stream.body = await resp.read()
+                    stream.body = await self._bounded(resp, f"a {resp.status} answer to a stream")
+            except Overflow as exc:
+                stream.cut = str(exc)
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 stream.cut = _describe(exc)
             return
         reader = SSEReader()
+        size = 0
+        ends = asyncio.get_running_loop().time() + self.stream_deadline
         while True:
+            left = ends - asyncio.get_running_loop().time()
+            if left <= 0:
+                stream.cut = f"still streaming after {self.stream_deadline:g} s (the check's bound on a stream)"
+                return
             try:
-                async with asyncio.timeout(self.timeout):
+                async with asyncio.timeout(min(self.timeout, left)):
                     chunk = await resp.content.readany()
             except TimeoutError:
+                if left <= self.timeout:
+                    continue  # the stream's own deadline: said above
                 stream.cut = f"silent for {self.timeout:g} s"
                 return
             except (aiohttp.ClientError, OSError) as exc:
@@ -167,7 +206,14 @@ class Upstream:
                 for item in tail:
                     yield item
                 return
+            size += len(chunk)
+            if size > self.max_body:
+                stream.cut = f"the stream passed {_size(self.max_body)} (the check reads no more)"
+                return
             items = reader.close() if not chunk else reader.feed(chunk)
+            if len(stream.items) + len(items) > self.max_events:
+                stream.cut = f"the stream sent more than {self.max_events:,} events (the check reads no more)"
+                return
             stream.items += items
             for item in items:
                 yield item
@@ -177,6 +223,10 @@ class Upstream:
     def _note_server(self, resp: aiohttp.ClientResponse) -> None:
         if self.server_header is None and resp.headers.get("Server"):
             self.server_header = resp.headers["Server"]
+
+
+def _size(n: int) -> str:
+    return f"{n // (1024 * 1024)} MiB" if n >= 1024 * 1024 and n % (1024 * 1024) == 0 else f"{n:,} bytes"
 
 
 def _describe(exc: BaseException) -> str:

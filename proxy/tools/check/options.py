@@ -19,6 +19,9 @@ class CheckOptions:
     api_key: str | None = None
     json_path: Path | None = None
     timeout: float = 30.0
+    max_body: int = 16 * 1024 * 1024  # bytes of one answer or stream (client.MAX_BODY)
+    probe_deadline: float = 300.0  # seconds one probe may take in all (an abandonment probe waits for idle twice)
+    stream_deadline: float | None = None  # seconds one stream may take in all; None: 2 x timeout
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,9 @@ so the terminal table and the JSON report can never disagree.
 
 from __future__ import annotations
 
+import re
 import shutil
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ __all__ = [
     "UNSUPPORTED",
     "Finding",
     "Report",
+    "printable",
     "render_table",
 ]
 
@@ -44,6 +47,24 @@ PROBE_IDS = (
     "metrics",
 )
 _DETAIL_LIMIT = 400
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f]|[^\x00-\x7f]")  # candidates: the rest of Unicode is checked below
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or format character escaped (``\\x1b``, ``\\u202e``), so that what a
+    backend sent (a Server header, a model id, an error message) can never drive the terminal: an ESC
+    sequence, a BEL, an OSC 52 that writes the clipboard, a bidi override that reorders the line."""
+
+    def escape(match: re.Match[str]) -> str:
+        char = match.group()
+        if unicodedata.category(char) not in ("Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"):
+            return char
+        code = ord(char)
+        if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (aiohttp decodes headers with surrogateescape)
+            code -= 0xDC00
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+    return _UNSAFE.sub(escape, text)
 NOT_REACHED = (
     "check failed: no dialect answered a plain request, so nothing above tells what this backend does "
     "(a wrong URL or model, a missing --api-key, an engine that is down?)"
@@ -62,7 +83,7 @@ class Finding:
     def __post_init__(self) -> None:
         if self.result not in RESULTS:
             raise ValueError(f"result must be one of {', '.join(RESULTS)}, got {self.result!r}")
-        line = " ".join(self.detail.split())  # one line, whatever the backend put in its message
+        line = printable(" ".join(self.detail.split()))  # one safe line, whatever the backend put in its message
         if len(line) > _DETAIL_LIMIT:
             line = line[: _DETAIL_LIMIT - 3] + "..."
         object.__setattr__(self, "detail", line)
@@ -124,8 +145,8 @@ def render_table(report: Report, width: int | None = None) -> str:
     res_w = max(len(r) for r in RESULTS)
     detail_w = max(30, width - id_w - res_w - 4)
     lines = [
-        f"streamwarden check: {report.upstream}",
-        f"server: {report.server or 'not identified'}    model: {report.model or 'none'}",
+        f"streamwarden check: {printable(report.upstream)}",
+        f"server: {printable(report.server or 'not identified')}    model: {printable(report.model or 'none')}",
         "",
         f"{'probe'.ljust(id_w)}  {'result'.ljust(res_w)}  detail",
     ]
@@ -138,7 +159,8 @@ def render_table(report: Report, width: int | None = None) -> str:
     if not report.reached:
         lines.append(NOT_REACHED)
     else:
-        lines.append("recommended serve flags: " + (" ".join(flags) if flags else "none beyond the defaults"))
+        shown = printable(" ".join(flags)) if flags else "none beyond the defaults"
+        lines.append("recommended serve flags: " + shown)
     return "\n".join(lines)
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
 
 from proxy.tools.check.abandon import probe_conversation_replay, probe_prefill, probe_stops_generation
-from proxy.tools.check.client import Unreachable, Upstream
+from proxy.tools.check.client import Overflow, Reply, Unreachable, Upstream
 from proxy.tools.check.options import CheckOptions
 from proxy.tools.check.probes import (
     Context,
@@ -25,7 +26,7 @@ from proxy.tools.check.probes import (
     probe_stream_terminal,
     probe_stream_usage,
 )
-from proxy.tools.check.report import NOT_REACHED, PROBE_IDS, Report, render_table
+from proxy.tools.check.report import FAIL, NOT_REACHED, PROBE_IDS, Finding, Report, printable, render_table
 from proxy.tools.check.requests import DIALECTS
 
 __all__ = ["NoModel", "main", "run_check"]
@@ -70,12 +71,31 @@ def _server(upstream: Upstream, ctx: Context, version: str | None) -> str | None
     return "; ".join(parts) or None
 
 
+async def _bounded(probe_id: str, probe: Awaitable[Finding], deadline: float) -> Finding:
+    """A probe with a total deadline: past it, a finding that says so (the next probe runs)."""
+    try:
+        async with asyncio.timeout(deadline):
+            return await probe
+    except TimeoutError:
+        return Finding(probe_id, FAIL, f"did not finish within {deadline:g} s (the check's deadline per probe)")
+
+
 async def run_check(options: CheckOptions) -> Report:
-    """Every probe, one request at a time. ``Unreachable`` when the first request gets no answer,
-    ``NoModel`` when there is no model to ask for."""
+    """Every probe, one request at a time, each within ``options.probe_deadline``. ``Unreachable`` when
+    the first request gets no answer, ``NoModel`` when there is no model to ask for."""
     report = Report(options.upstream)
-    async with Upstream(options.upstream, api_key=options.api_key, timeout=options.timeout) as upstream:
-        models = await upstream.get("/v1/models")  # Unreachable here: nothing listens
+    upstream_at = Upstream(
+        options.upstream, api_key=options.api_key, timeout=options.timeout, max_body=options.max_body,
+        stream_deadline=options.stream_deadline,
+    )  # fmt: skip
+    deadline = options.probe_deadline
+    async with upstream_at as upstream:
+        try:
+            models = await upstream.get("/v1/models")  # Unreachable here: nothing listens
+        except Overflow as exc:
+            if options.model is None:
+                raise NoModel(f"{exc}: give --model NAME") from None
+            models = Reply(200, {}, b"")
         models_body = models.json() if models.status == 200 else None
         model = options.model or _first_model(models_body)
         if model is None:
@@ -84,21 +104,32 @@ async def run_check(options: CheckOptions) -> Report:
         report.model = model
         ctx = Context(upstream, model, models_body)
         found = {}
-        metrics = await probe_metrics(ctx)  # first: the abort probes count with its counters
+        # first: the abort probes count with its counters
+        metrics = await _bounded("metrics", probe_metrics(ctx), deadline)
         for dialect in DIALECTS:
-            found[f"dialect.{dialect}"] = await probe_dialect(ctx, dialect)
-        found["stream.terminal"] = await probe_stream_terminal(ctx)
-        found["stream.usage"] = await probe_stream_usage(ctx)
-        found["errors.malformed_json"] = await probe_malformed_json(ctx)
-        found["errors.context_overflow"] = await probe_context_overflow(ctx)
-        found["abort.stops_generation"] = plain = await probe_stops_generation(ctx)
-        found["abort.conversation_replay"] = await probe_conversation_replay(ctx, plain)
-        found["resume.prefill"] = await probe_prefill(ctx)
-        found["health"] = await probe_health(ctx)
+            found[f"dialect.{dialect}"] = await _bounded(f"dialect.{dialect}", probe_dialect(ctx, dialect), deadline)
+        found["stream.terminal"] = await _bounded("stream.terminal", probe_stream_terminal(ctx), deadline)
+        found["stream.usage"] = await _bounded("stream.usage", probe_stream_usage(ctx), deadline)
+        found["errors.malformed_json"] = await _bounded("errors.malformed_json", probe_malformed_json(ctx), deadline)
+        found["errors.context_overflow"] = await _bounded(
+            "errors.context_overflow", probe_context_overflow(ctx), deadline
+        )
+        plain = await _bounded("abort.stops_generation", probe_stops_generation(ctx), deadline)
+        found["abort.stops_generation"] = plain
+        found["abort.conversation_replay"] = await _bounded(
+            "abort.conversation_replay", probe_conversation_replay(ctx, plain), deadline
+        )
+        found["resume.prefill"] = await _bounded("resume.prefill", probe_prefill(ctx), deadline)
+        found["health"] = await _bounded("health", probe_health(ctx), deadline)
         found["metrics"] = metrics
         for probe_id in PROBE_IDS:
             report.add(found[probe_id])
-        report.server = _server(upstream, ctx, await _version(upstream, ctx))
+        try:
+            async with asyncio.timeout(deadline):
+                version = await _version(upstream, ctx)
+        except TimeoutError:
+            version = None
+        report.server = _server(upstream, ctx, version)
     return report
 
 
@@ -106,10 +137,10 @@ def main(options: CheckOptions) -> int:
     try:
         report = asyncio.run(run_check(options))
     except Unreachable as exc:
-        print(f"streamwarden check: cannot reach {options.upstream}: {exc}", file=sys.stderr)
+        print(printable(f"streamwarden check: cannot reach {options.upstream}: {exc}"), file=sys.stderr)
         return 2
     except NoModel as exc:
-        print(f"streamwarden check: {options.upstream}: {exc}", file=sys.stderr)
+        print(printable(f"streamwarden check: {options.upstream}: {exc}"), file=sys.stderr)
         return 2
     print(render_table(report), flush=True)
     if options.json_path is not None:
@@ -119,6 +150,6 @@ def main(options: CheckOptions) -> int:
             print(f"streamwarden check: cannot write {options.json_path}: {exc.strerror or exc}", file=sys.stderr)
             return 2
     if not report.reached:
-        print(f"streamwarden check: {options.upstream}: {NOT_REACHED}", file=sys.stderr)
+        print(printable(f"streamwarden check: {options.upstream}: {NOT_REACHED}"), file=sys.stderr)
         return 1
     return 0
