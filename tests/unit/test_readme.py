@@ -36,6 +36,35 @@ def test_both_commands_are_shown() -> None:
     assert "make test" in README
 
 
+def test_the_first_screen_says_what_it_is_then_the_two_commands_then_the_demo() -> None:
+    """Issue 27: the first screen was the image build; `make run` was at line 119, `make test` at 367.
+    What it is, then `make run` and `make test` with what you see, then `make demo`; nothing of the
+    operator's install in the first 40 lines."""
+    lines = README.splitlines()[:40]
+    screen = "\n".join(lines)
+    assert lines[0] == "# streamwarden"
+    assert "sidecar" in "\n".join(lines[:6])
+    assert "OpenAI-compatible" in "\n".join(lines[:6])
+
+    def first(text: str) -> int:
+        found = [i for i, line in enumerate(lines) if line.startswith(text)]
+        assert found, f"{text!r} is not on the first screen"
+        return found[0]
+
+    run, test, demo = first("make run "), first("make test "), first("make demo ")
+    assert run < test < demo
+    assert "```" not in "\n".join(lines[: run - 1])  # make run's block is the first one
+    after_run = "\n".join(lines[run:test])
+    for seen in ("streamwarden: http://127.0.0.1:8080", "Stop", "data: [DONE]", "x-fault: stray_503", "503",
+                 "reason=stray_http_block", "x-fault: cut;once=1", "resumes=1"):
+        assert seen in after_run, seen
+    assert "passed" in lines[test]  # what make test ends with
+    assert "tour" in lines[demo]
+    for operator in ("make image", "docker", "kubectl", "kustomization"):
+        assert operator not in screen, operator
+    assert README.index("## Install") > len(screen)
+
+
 # --- what moved out of the README (issue 14) ----------------------------------------------------------
 
 ROOT = Path(__file__).parents[2]
@@ -114,7 +143,7 @@ def test_the_readme_names_the_models_the_manifests_serve() -> None:
 # --- issue 21: the README in an operator's order, its links, the runbooks -------------------------------
 
 SECTIONS = [
-    "## Install", "## The sidecar", "## Run it and send a first request", "## Flags", "## Metrics and logs",
+    "## Run it and send a first request", "## Install", "## The sidecar", "## Flags", "## Metrics and logs",
     "## What the client sees when the backend fails", "## Performance and sizing", "## Development",
 ]
 
