@@ -48,14 +48,20 @@ class Failure:
 
 @dataclass(slots=True)
 class Step:
-    """What the I/O layer must do now, in this order: commit, write `data`, stop if `done`."""
+    """What the I/O layer must do now, in this order: commit, write `data`, stop if `done`.
+
+    An ending with an error is worded both ways, `data` (the error frame) and `failure` (a status):
+    which one the client gets is the lifecycle's to say (`Answer.reply`), not the guard's.
+    """
 
     commit: bool = False  # send the 200 status line and headers now, before `data`
     data: bytes = b""  # bytes to write to the client now
     done: bool = False  # the stream is over: stop reading and close the upstream connection
     outcome: str | None = None  # when done: "ok" | "error"
     reason: str | None = None  # when done: the verdict's `Reason` value
-    failure: Failure | None = None  # when done before commit: send this instead of a 200
+    # when done with an error: the same ending as a whole HTTP response, for when the lifecycle answers
+    # STATUS (the status line is not out); its FRAME is `data` (the events before it and the frame)
+    failure: Failure | None = None
     first_content: bool = False  # carries the first content-bearing event (time to first token)
     content_events: int = 0  # content-bearing events in `data` (token latency)
     resume: str | None = None  # --resume-on-cut: the stream broke for this reason; continue it, or give_up()
@@ -119,9 +125,9 @@ class StreamGuard:
         "_reader",
         "_stitch",
         "_stream",
-        "committed",
         "content_events",
         "events",
+        "released",
         "rewrites",
         "saw_id",
         "upstream_message",
@@ -146,7 +152,9 @@ class StreamGuard:
         self._max_held = max_held  # past it the hold ends early: committing is always safe
         self._held_events = 0
         self._done = False
-        self.committed = False
+        # The hold is over: the guard asked for the status line (a step's `commit`) and releases events
+        # as they come. Not whether the client has the status line: that is `Lifecycle.committed`.
+        self.released = False
         self.events = 0  # upstream events forwarded, comments and dropped events not included
         self.content_events = 0
         self.rewrites: list[str] = []
@@ -160,6 +168,10 @@ class StreamGuard:
     def usage(self) -> Usage | None:
         """The upstream's usage, with the model that answered and the finish reasons."""
         return self._stream.report()
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._dialect
 
     @property
     def done(self) -> bool:
@@ -195,7 +207,7 @@ class StreamGuard:
             or self._stitch is not None  # (a continuation: every event is rewritten)
             or self._pending is not None
             or not self._stream.may_repeat()  # (no dialect check to reach: one piece, as it always was)
-            or (not self.committed and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
+            or (not self.released and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
         ):
             return self._feed(chunk)
         # Runs of content events the dialect knows without a parse skip the reader; other events go
@@ -203,10 +215,10 @@ class StreamGuard:
         # cannot end early within this read), and their Steps are merged into one.
         acc: Step | None = None
         start, n, pieces = 0, len(chunk), _PIECES
-        if self.committed and not self._reader.idle:
+        if self.released and not self._reader.idle:
             acc, start = self._complete_pending(chunk)
         while start < n:
-            if self.committed and self._reader.idle:
+            if self.released and self._reader.idle:
                 count, end = self._stream.repeats(chunk, start, self._max)
                 if count:
                     self.events += count
@@ -246,7 +258,7 @@ class StreamGuard:
 
     def commit(self) -> Step:
         """The hold window expired: commit now and flush what was held."""
-        if self._done or self.committed:
+        if self._done or self.released:
             return Step()
         step = Step()
         out: list[bytes] = []
@@ -276,6 +288,7 @@ class StreamGuard:
         step, out = Step(), list[bytes]()
         if pending.raw is not None:  # (the upstream's own error frame and the dialect's ending)
             step.data = pending.raw
+            step.failure = self._status(pending.status, pending.message, pending.code or pending.reason)
             self.events += 1
             return self._finish(step, "error", pending.reason)
         return self._error(
@@ -283,7 +296,19 @@ class StreamGuard:
             pending.headers, resumable=False,
         )
 
+    def status_instead(self) -> None:
+        """The ending goes out as a real status, not a frame: nothing this guard released is sent
+        (the lifecycle's STATUS; counted as `late_commit_status`)."""
+        if "late_commit_status" not in self.rewrites:
+            self.rewrites.append("late_commit_status")
+        self._held = []
+        self._held_bytes = 0
+        self._held_events = 0
+
     # ---- internals --------------------------------------------------------------------------------
+
+    def _status(self, status: int, message: str, code: ErrorCode) -> Failure:
+        return Failure(status, self._dialect.error_body(status, message, code))
 
     def _resumes(self, step: Step, out: list[bytes], pending: _Pending) -> Step | None:
         """The one place a committed stream's failure may become a continuation instead of an end."""
@@ -333,13 +358,13 @@ class StreamGuard:
     def _begin(self) -> tuple[Step, list[bytes]]:
         step = Step()
         out: list[bytes] = []
-        if not self.committed and not self._hold:
+        if not self.released and not self._hold:
             self._commit(step, out)
         return step, out
 
     def _commit(self, step: Step, out: list[bytes]) -> None:
         step.commit = True
-        self.committed = True
+        self.released = True
         if self._held:
             out[:0] = self._held
             self._held = []
@@ -348,7 +373,7 @@ class StreamGuard:
         self._held_events = 0
 
     def _count(self) -> None:
-        if self.committed:
+        if self.released:
             self.events += 1
         else:
             self._held_events += 1
@@ -374,7 +399,7 @@ class StreamGuard:
                 step.content_events += 1
                 if self.content_events == 1:
                     step.first_content = True
-                if not self.committed:
+                if not self.released:
                     self._commit(step, out)
                 self.events += 1
             elif kind is Kind.PASS:
@@ -411,7 +436,7 @@ class StreamGuard:
         return None
 
     def _flush(self, step: Step, out: list[bytes]) -> Step:
-        if not self.committed and out:
+        if not self.released and out:
             self._held_bytes += sum(map(len, out))
             if self._held_bytes <= self._max_held:
                 self._held.extend(out)
@@ -429,7 +454,7 @@ class StreamGuard:
         return step
 
     def _finish_ok(self, step: Step, out: list[bytes]) -> Step:
-        if not self.committed:
+        if not self.released:
             self._commit(step, out)
         if out:
             step.data = _join(out)
@@ -465,20 +490,17 @@ class StreamGuard:
             resumed = self._resumes(step, out, _Pending(status, message, reason, rewrite, code, headers or {}, None))
             if resumed is not None:
                 return resumed
-        if self.committed:
+        body = self._dialect.error_body(status, message, code or reason)
+        step.failure = Failure(status, body, headers or {})
+        if self.released:
             out.append(self._stream.error_frame(status, message, code or reason))
             step.data = _join(out)
             if rewrite is not None:
                 self.rewrites.append(rewrite)
         else:
-            body = self._dialect.error_body(status, message, code or reason)
-            step.failure = Failure(status, body, headers or {})
             if rewrite is not None:  # the cause counts too: alerts on stray blocks must see them
                 self.rewrites.append(rewrite)
-            self.rewrites.append("late_commit_status")
-            self._held = []
-            self._held_bytes = 0
-            self._held_events = 0
+            self.status_instead()
         return self._finish(step, "error", reason)
 
     def _upstream_error(self, step: Step, out: list[bytes], raw: bytes) -> Step:
@@ -486,7 +508,7 @@ class StreamGuard:
         info = self._stream.error
         assert info is not None
         self.upstream_message = info.message
-        if not self.committed:
+        if not self.released:
             return self._error(step, out, info.status, info.message, "upstream_error_frame", None, info.code)
         tail = self._stream.error_tail()
         pending = _Pending(info.status, info.message, "upstream_error_frame", None, info.code, {}, raw + tail)
@@ -498,6 +520,7 @@ class StreamGuard:
         if tail:
             out.append(tail)
         step.data = _join(out)
+        step.failure = self._status(info.status, info.message, info.code or "upstream_error_frame")
         return self._finish(step, "error", "upstream_error_frame")
 
     def _stray(self, step: Step, out: list[bytes], block: StatusBlock) -> Step:

@@ -29,6 +29,7 @@ __all__ = [
     "REASONS",
     "Answer",
     "Cancellation",
+    "Close",
     "Event",
     "Lifecycle",
     "Outcome",
@@ -156,6 +157,14 @@ class Reply(StrEnum):
     CUT = "cut"  # abort the client connection: no second response may go into a committed body
 
 
+class Close(StrEnum):
+    """What becomes of the client's connection once the reply is carried out."""
+
+    KEEP = "keep"  # it may carry the next request (as its own framing allows)
+    AFTER = "after the reply"  # `Connection: close`; a request body not yet read is read out first
+    NOW = "now"  # closed at once, nothing more read: a client too slow to send, shutdown, one gone
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     reason: Reason
@@ -163,6 +172,7 @@ class Answer:
     drain: bool = False  # read the upstream to its end for its usage (--on-abandon drain), then close
     reply: Reply = Reply.NOTHING
     code: int = 0  # a refusal's own status where its reason has several (bad_request: 400, 405, 431, 505)
+    close: Close = Close.KEEP
 
     @property
     def status(self) -> int:
@@ -171,44 +181,53 @@ class Answer:
 
 _CANCEL_BY_REASON, _CANCEL_CLIENT, _NO_CANCEL = "by_reason", "client", None
 _FAIL = "fail"  # resolved to STATUS, FRAME or CUT by whether the exchange committed
+_FAIL_IF_ERROR = "fail_if_error"  # the guard's own verdict: nothing more when ok, else as `fail`
+_CLOSE_BY_REASON = "by_reason"  # resolved to NOW for the reasons below, else AFTER
+# Refusals after which the connection closes at once, as nginx does, rather than reading out the rest
+# of the request body: the client stopped sending it, or the proxy is going away.
+_CLOSES_NOW = frozenset({Reason.CLIENT_TIMEOUT, Reason.SHUTDOWN})
+_K, _A, _N = Close.KEEP, Close.AFTER, Close.NOW
 
-# (phase, event) -> (fixed reason or None for the event's own, cancel rule, reply)
-_TABLE: MappingProxyType[tuple[Phase, Event], tuple[Reason | None, str | None, str]] = MappingProxyType({
-    (Phase.RECEIVED, Event.REFUSED): (None, _NO_CANCEL, Reply.STATUS),
-    (Phase.RECEIVED, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _NO_CANCEL, Reply.NOTHING),
-    (Phase.RECEIVED, Event.INTERRUPTED): (Reason.SHUTDOWN, _NO_CANCEL, Reply.STATUS),
-    (Phase.AWAITING_HEADERS, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, Reply.STATUS),
-    (Phase.AWAITING_HEADERS, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING),
-    (Phase.AWAITING_HEADERS, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, Reply.STATUS),
-    (Phase.STREAMING, Event.GUARD_ENDED): (None, _CANCEL_BY_REASON, Reply.NOTHING),
-    (Phase.STREAMING, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, _FAIL),
-    (Phase.STREAMING, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING),
-    (Phase.STREAMING, Event.CLIENT_STALLED): (Reason.CLIENT_STALLED, _CANCEL_CLIENT, Reply.CUT),
-    (Phase.STREAMING, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, _FAIL),
-    (Phase.RESPONDING_WHOLE, Event.BODY_ENDED): (None, _NO_CANCEL, Reply.NOTHING),
-    (Phase.RESPONDING_WHOLE, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, _FAIL),
-    (Phase.RESPONDING_WHOLE, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING),
-    (Phase.RESPONDING_WHOLE, Event.CLIENT_STALLED): (Reason.CLIENT_STALLED, _CANCEL_CLIENT, Reply.CUT),
-    (Phase.RESPONDING_WHOLE, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, _FAIL),
+# (phase, event) -> (fixed reason or None for the event's own, cancel rule, reply, close)
+_TABLE: MappingProxyType[tuple[Phase, Event], tuple[Reason | None, str | None, str, str]] = MappingProxyType({
+    (Phase.RECEIVED, Event.REFUSED): (None, _NO_CANCEL, Reply.STATUS, _CLOSE_BY_REASON),
+    (Phase.RECEIVED, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _NO_CANCEL, Reply.NOTHING, _N),
+    (Phase.RECEIVED, Event.INTERRUPTED): (Reason.SHUTDOWN, _NO_CANCEL, Reply.STATUS, _N),
+    (Phase.AWAITING_HEADERS, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, Reply.STATUS, _K),
+    (Phase.AWAITING_HEADERS, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING, _N),
+    (Phase.AWAITING_HEADERS, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, Reply.STATUS, _N),
+    (Phase.STREAMING, Event.GUARD_ENDED): (None, _CANCEL_BY_REASON, _FAIL_IF_ERROR, _K),
+    (Phase.STREAMING, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, _FAIL, _K),
+    (Phase.STREAMING, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING, _N),
+    (Phase.STREAMING, Event.CLIENT_STALLED): (Reason.CLIENT_STALLED, _CANCEL_CLIENT, Reply.CUT, _N),
+    (Phase.STREAMING, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, _FAIL, _N),
+    (Phase.RESPONDING_WHOLE, Event.BODY_ENDED): (None, _NO_CANCEL, Reply.NOTHING, _K),
+    (Phase.RESPONDING_WHOLE, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, _FAIL, _K),
+    (Phase.RESPONDING_WHOLE, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING, _N),
+    (Phase.RESPONDING_WHOLE, Event.CLIENT_STALLED): (Reason.CLIENT_STALLED, _CANCEL_CLIENT, Reply.CUT, _N),
+    (Phase.RESPONDING_WHOLE, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, _FAIL, _N),
 })
 _ENGAGED = frozenset({Phase.AWAITING_HEADERS, Phase.STREAMING, Phase.RESPONDING_WHOLE})
 _CANCEL_WORDS = {_NO_CANCEL: "no", _CANCEL_CLIENT: "yes (or drain, with --on-abandon drain)",
                  _CANCEL_BY_REASON: "by reason"}  # fmt: skip
-_REPLY_WORDS = {_FAIL: "fail: a status before the commit; after it a frame (stream) or a cut (whole body)"}
+_REPLY_WORDS = {_FAIL: "fail: a status before the commit; after it a frame (stream) or a cut (whole body)",
+                _FAIL_IF_ERROR: "nothing when ok; else fail (the guard words both the status and the frame)"}
+_CLOSE_WORDS = {_CLOSE_BY_REASON: "now for client_timeout and shutdown, else after the reply"}
 
 
-def transition_rows() -> list[tuple[str, str, str, str, str]]:
-    """The transition table in words: (phase, event, reason, cancel the upstream, tell the client).
+def transition_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """The transition table in words: (phase, event, reason, cancel the upstream, tell the client,
+    close the connection).
 
     Read by docs/architecture.md's generator, so that the documented table is the one the code runs.
     A `bug` event in any phase is `proxy_error`, not cancelling, and fails like any other ending.
     """
     rows = [
         (str(phase), str(event), str(reason) if reason else "the event's own", _CANCEL_WORDS[cancel],
-         _REPLY_WORDS.get(reply, str(reply)))
-        for (phase, event), (reason, cancel, reply) in _TABLE.items()
+         _REPLY_WORDS.get(reply, str(reply)), _CLOSE_WORDS.get(close, str(close)))
+        for (phase, event), (reason, cancel, reply, close) in _TABLE.items()
     ]  # fmt: skip
-    rows.append(("any", str(Event.BUG), str(Reason.PROXY_ERROR), "no", _REPLY_WORDS[_FAIL]))
+    rows.append(("any", str(Event.BUG), str(Reason.PROXY_ERROR), "no", _REPLY_WORDS[_FAIL], str(Close.KEEP)))
     return rows
 
 
@@ -222,7 +241,9 @@ class Lifecycle:
         self.phase = Phase.RECEIVED
         self.ended_in: Phase | None = None  # the phase the verdict was taken in
         self.ended: Answer | None = None
-        self.committed = False  # the client has the status line
+        # No status can replace the response's start any more: its head went out (the client writer),
+        # or a stream's 200 is due (the relay, when the guard asks for it). The only such flag.
+        self.committed = False
         self.drain_on_abandon = drain_on_abandon
 
     # ---- progress ---------------------------------------------------------------------------------
@@ -281,17 +302,19 @@ class Lifecycle:
         if self.ended is not None:
             return None
         fixed: Reason | None
+        close: str
         if event is Event.BUG:
-            fixed, cancel_rule, reply = Reason.PROXY_ERROR, _NO_CANCEL, _FAIL
+            fixed, cancel_rule, reply, close = Reason.PROXY_ERROR, _NO_CANCEL, _FAIL, Close.KEEP
         else:
             try:
-                fixed, cancel_rule, reply = _TABLE[(self.phase, event)]
+                fixed, cancel_rule, reply, close = _TABLE[(self.phase, event)]
             except KeyError:
                 raise RuntimeError(f"lifecycle: no transition for {event} in {self.phase}") from None
         final = fixed or reason
         assert final is not None
         cancel, drain = self._cancel(cancel_rule, final)
-        answer = Answer(final, cancel, drain, self._reply(reply), code)
+        closing = Close(close) if close != _CLOSE_BY_REASON else Close.NOW if final in _CLOSES_NOW else Close.AFTER
+        answer = Answer(final, cancel, drain, self._reply(reply, final), code, closing)
         self.ended, self.ended_in = answer, self.phase
         self.phase = Phase.FINISHED
         record = self._record
@@ -315,7 +338,9 @@ class Lifecycle:
             return str(Cancellation.UPSTREAM_ERROR), False  # the proxy ended the stream after an upstream failure
         return None, False
 
-    def _reply(self, reply: str) -> Reply:
+    def _reply(self, reply: str, reason: Reason) -> Reply:
+        if reply == _FAIL_IF_ERROR:
+            reply = Reply.NOTHING if REASONS[reason][0] is Outcome.OK else _FAIL
         if reply != _FAIL:
             return Reply(reply)
         if not self.committed:

@@ -127,14 +127,19 @@ class ClientWriter:
     # ---- writing ----------------------------------------------------------------------------------
 
     async def commit(self, head: ResponseHead, *, close: bool = False) -> None:
-        """Send the status line and headers (once)."""
+        """Send the status line and headers (once), and wait for the client to take them in."""
+        self.commit_now(head, close=close)
+        await self.drained()
+
+    def commit_now(self, head: ResponseHead, *, close: bool = False) -> None:
+        """Hand the status line and headers to the transport (once): from here the exchange is
+        committed (`Lifecycle.committed`), in the same step as the bytes go out."""
         if self.response is not None:
             return
         self.response = head
         self.ex.status = head.status
         self.life.committed_now()
         self._send(self._head(head, length=head.content_length, close=close))
-        await self.drained()
 
     async def write(self, data: bytes) -> None:
         assert self.response is not None, "commit first"

