@@ -21,7 +21,7 @@ from proxy.core.record import ExchangeRecord
 from proxy.exchange.answers import carry_out
 from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client_io import ClientWriter, ResponseHead
-from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
 from proxy.exchange.upstream import UpstreamHead
 
 __all__ = ["JUDGE_PREFIX", "plain_verdict", "read_bounded", "respond_whole"]
@@ -72,7 +72,7 @@ async def respond_whole(
     idle_timeout: float,
 ) -> Answer | None:
     """Relay (or judge, then answer) a whole body; the lifecycle's answer to its end for the handler."""
-    interrupter.watch(lambda: reader.interrupt(Interrupted()))
+    interrupter.watch(lambda cause: reader.interrupt(Interrupted(cause)))
     prefix = b""
     verdict = plain_verdict(head.status)
     checked = _judged(ex.method, head, dialect)
@@ -139,7 +139,7 @@ def _cut_on_shutdown(interrupter: Interrupter, life: Lifecycle, out: ClientWrite
     """Once the client has the status line, shutdown's end of the drain time ends the response: the
     lifecycle's answer (a cut: a plain body cannot carry a second response) is carried out at once."""
 
-    def end() -> None:
-        carry_out(out, life.interrupted(), dialect=dialect)
+    def end(cause: Cause) -> None:
+        carry_out(out, told(life, cause), dialect=dialect)
 
     interrupter.watch(end)

@@ -112,8 +112,8 @@ class ClientBody:
 class ClientRequest:
     """One request as the main port parsed it."""
 
-    __slots__ = ("channel", "content", "content_length", "headers", "keep_alive", "method", "path", "raw_path",
-                 "remote", "version")  # fmt: skip
+    __slots__ = ("_on_departure", "channel", "content", "content_length", "departed", "headers", "keep_alive",
+                 "method", "path", "raw_path", "remote", "version")  # fmt: skip
 
     def __init__(
         self, channel: ClientChannel, method: str, raw_path: str, path: str, version: tuple[int, int],
@@ -130,6 +130,21 @@ class ClientRequest:
         self.content = ClientBody(channel)
         length = headers.get("Content-Length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
+        self.departed = False
+        self._on_departure: _Hook | None = None
+
+    def on_departure(self, hook: _Hook) -> None:
+        """`hook` is the exchange's: called when the client leaves (at once if it has)."""
+        self._on_departure = hook
+        if self.departed:
+            hook()
+
+    def depart(self) -> None:
+        """The client's connection closed: an event to the exchange, not a cancel of its task."""
+        if not self.departed:
+            self.departed = True
+            if self._on_departure is not None:
+                self._on_departure()
 
     @property
     def scheme(self) -> str:

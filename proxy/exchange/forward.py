@@ -1,8 +1,8 @@
 """The main port's only handler: a driver that turns one exchange's I/O facts into lifecycle events.
 
 The verdict is the lifecycle's (`proxy/core/lifecycle.py`); this module only notices what happened (a
-refusal, an upstream failure, shutdown's `Interrupted`, a client write that failed, the client's
-departure, which its connection reports by cancelling this task) and carries out the answer: a whole
+refusal, an upstream failure, a client write that failed, shutdown or the client's departure, both
+`Interrupted` inside the wait they come in, the departure fired by its connection) and carries out the answer: a whole
 error response, the stream's error frame, a cut connection, a drain. The upstream response lives
 in the handler's one `try/finally`, which closes it unless it was read to its end, so a failure or a
 departed client never leaves a half-read connection in the pool.
@@ -30,7 +30,7 @@ from proxy.exchange.client import ClientRequest
 from proxy.exchange.client_io import ClientStalled, ClientWriter
 from proxy.exchange.drain import drain
 from proxy.exchange.failures import Refusal, UpstreamFailure, first_byte_timeout
-from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
 from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
 from proxy.exchange.resume_io import Resuming, continuation_headers, open_continuation
 from proxy.exchange.state import ProxyState
@@ -80,6 +80,7 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
     flight = _Flight(ex, life, dialect, ClientWriter(request, ex, life, cfg.client_stall_timeout), Interrupter())
     state.books.start(ex, request.headers)
     state.track(flight.interrupter, ex)
+    request.on_departure(lambda: flight.interrupter.fire(Cause.CLIENT_GONE))
     try:
         try:
             if state.draining:
@@ -89,17 +90,14 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
             return await _tell(flight, life.refused(exc.reason), exc.message, exc.headers)
         except UpstreamFailure as exc:
             return await _tell(flight, life.upstream_failed(exc.reason), exc.message)
-        except Interrupted:
-            return await _tell(flight, life.interrupted(), _SHUTTING_DOWN)
+        except Interrupted as exc:  # shutdown, or the client's departure, inside the wait it was in
+            return await _tell(flight, told(life, exc.cause), _SHUTTING_DOWN)
     except ClientStalled:
         return await _tell(flight, life.client_stalled(), "")
     except ConnectionError:  # a write found the client's socket closed before its close was noticed
         return await _tell(flight, life.client_gone(), "")
-    except asyncio.CancelledError:
-        # The client left (its connection cancels this task), or shutdown's final cleanup cut this one.
-        answer = life.interrupted() if flight.interrupter.fired else life.client_gone()
-        if answer is not None and answer.drain:
-            _hand_over_to_drain(state, flight)
+    except asyncio.CancelledError:  # shutdown's final cleanup cut this one
+        life.interrupted()
         raise
     except Exception:
         answer = life.bug()
@@ -112,6 +110,9 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
         state.body_budget.give_back(ex.body_reserved)
         ex.body_reserved = 0
         flight.out.release_flow()
+        ended = life.ended
+        if ended is not None and ended.drain:  # --on-abandon drain: the upstream is read on, not cancelled
+            _hand_over_to_drain(state, flight)
         if not flight.handed_over:  # (else the drain task does this when it is done)
             _release_upstream(state, flight)
             state.untrack(flight.interrupter)
@@ -123,7 +124,7 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     cfg, ex, life, dialect = state.config, flight.ex, flight.life, flight.dialect
     target = upstream_target(request)
     content = request.content
-    flight.interrupter.watch(lambda: content.set_exception(Interrupted()))
+    flight.interrupter.watch(lambda cause: content.set_exception(Interrupted(cause)))
     body = await read_body(request, cfg, state.body_budget, ex)
     info = flight.info = inspect_request(
         dialect, body, request.headers.get("Content-Encoding"), min(cfg.max_body_size, INFLATE_LIMIT),
@@ -146,7 +147,7 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
             flight.link, flight.head = link, head
     except TimeoutError as exc:
         if flight.interrupter.fired:
-            raise Interrupted() from exc
+            raise flight.interrupter.error() from exc
         raise first_byte_timeout(cfg.first_byte_timeout) from None
     # The body has gone upstream: its bytes no longer count against the shared bound.
     state.body_budget.give_back(ex.body_reserved)

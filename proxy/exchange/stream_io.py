@@ -103,9 +103,9 @@ async def _resume(
 
     try:
         link = await with_keepalives(resuming.carry_on(guard, reason), keepalive, cfg.keepalive_interval)
-    except Interrupted:
+    except Interrupted as exc:
+        relay.give_up_for(exc.cause)
         interrupter.watch(relay.interrupt)
-        relay.give_up_for_shutdown()
         return
     interrupter.watch(relay.interrupt)
     if link is None:

@@ -36,6 +36,7 @@ from proxy.core.record import ExchangeRecord
 from proxy.exchange.answers import carry_out
 from proxy.exchange.client_io import ClientWriter
 from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.interrupts import Cause, told
 from proxy.exchange.upstream import UpstreamLink
 
 __all__ = ["KEEPALIVE", "Need", "StreamRelay", "count_stream"]
@@ -123,10 +124,15 @@ class StreamRelay:
 
     # ---- shutdown, and the handler's side ------------------------------------------------------------
 
-    def interrupt(self) -> None:
-        if self._final is None:
-            answer = self._life.interrupted()  # the guard words it; the answer says which way
-            self._run(self._guard.fail, Reason.SHUTDOWN if answer is None else answer.reason)
+    def interrupt(self, cause: Cause) -> None:
+        """Shutdown, or the client left: the lifecycle's event, its answer carried out at once."""
+        if self._final is not None:
+            return
+        answer = told(self._life, cause)
+        if cause is Cause.CLIENT_GONE:  # (as the upstream's sink.failed: one event, carried out now)
+            self._conclude(answer, b"", None)
+            return
+        self._run(self._guard.fail, Reason.SHUTDOWN if answer is None else answer.reason)  # the guard words it
 
     async def wait(self) -> Need:
         """Until the handler has something to do."""
@@ -184,10 +190,10 @@ class StreamRelay:
         self._final = None
         self._run(self._guard.give_up)
 
-    def give_up_for_shutdown(self) -> None:
-        """Shutdown came while a continuation was awaited: the stream ends with `shutdown`."""
+    def give_up_for(self, cause: Cause) -> None:
+        """Shutdown came (or the client left) while a continuation was awaited."""
         self._final = None
-        self.interrupt()
+        self.interrupt(cause)
 
     def keepalive(self) -> bool:
         """A keep-alive comment now, while a continuation is awaited; False when the client is gone."""

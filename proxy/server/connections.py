@@ -167,8 +167,8 @@ class ClientConnection(asyncio.Protocol):
         for request in (self._current, self._parsing, *self._queue):
             if request is not None and request not in self._complete:
                 request.content.set_exception(ConnectionResetError("the client closed the connection"))
-        if self._task is not None and not self._task.done():
-            self._task.cancel()  # the client left: its exchange ends (and cancels the upstream)
+        if self._current is not None:
+            self._current.depart()  # the client left: an event to its exchange (which cancels the upstream)
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionResetError("the client closed the connection"))

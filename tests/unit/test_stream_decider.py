@@ -16,7 +16,7 @@ from multidict import CIMultiDict
 from support.fake_io import Exchange, chat_chunk
 
 from proxy.core.lifecycle import Reason, Reply
-from proxy.exchange.interrupts import Interrupter
+from proxy.exchange.interrupts import Cause, Interrupter
 from proxy.exchange.stream_io import relay_stream
 from proxy.exchange.upstream import UpstreamHead
 
@@ -50,3 +50,29 @@ async def test_shutdown_while_the_status_line_is_due_gets_the_reply_the_lifecycl
     assert body.index(b"Hello") < body.index(b'"code":"shutdown"') < body.index(b"data: [DONE]")
     assert body.endswith(b"0\r\n\r\n")
     assert x.ex.status == 200
+
+
+async def test_a_departure_is_an_event_carried_out_at_once_not_a_cancel() -> None:
+    x = Exchange(hold=0.0)
+    interrupter = Interrupter()
+    x.request.on_departure(lambda: interrupter.fire(Cause.CLIENT_GONE))
+    task = asyncio.create_task(relay_stream(x.link, SSE_HEAD, x.guard, x.out, x.life, x.ex, x.cfg, interrupter))
+    await _until(lambda: x.link.sink is not None, task)
+    x.sink.body(chat_chunk("Hello"))
+    x.request.depart()  # what the connection does in connection_lost
+    transport = x.channel.transport
+    assert transport is not None
+    assert transport.aborted  # carried out in the same callback: the socket is dropped
+    assert x.life.ended is not None
+    assert (x.life.ended.reason, x.life.ended.cancel) == (Reason.CLIENT_DISCONNECT, "client_disconnect")
+    async with asyncio.timeout(5):
+        await task  # the handler's wait ends normally: nothing was cancelled
+    assert not task.cancelled()
+
+
+def test_a_departure_before_the_exchange_listens_is_told_when_it_does() -> None:
+    x = Exchange()
+    x.request.depart()
+    heard: list[bool] = []
+    x.request.on_departure(lambda: heard.append(True))
+    assert heard == [True]
