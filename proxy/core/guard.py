@@ -16,7 +16,7 @@ import orjson
 
 from proxy.core.dialects import Dialect, DialectStream, Kind, Usage
 from proxy.core.dialects.errors import ErrorCode, describe_error, error_message
-from proxy.core.lifecycle import Reason, status_for
+from proxy.core.lifecycle import Outcome, Reason, status_for
 from proxy.core.sse import Event, EventTooLarge, SSEReader, StatusBlock
 
 __all__ = ["MAX_HELD", "Failure", "MayResume", "Step", "StreamGuard"]
@@ -57,14 +57,14 @@ class Step:
     commit: bool = False  # send the 200 status line and headers now, before `data`
     data: bytes = b""  # bytes to write to the client now
     done: bool = False  # the stream is over: stop reading and close the upstream connection
-    outcome: str | None = None  # when done: "ok" | "error"
-    reason: str | None = None  # when done: the verdict's `Reason` value
+    outcome: Outcome | None = None  # when done: ok or error
+    reason: Reason | None = None  # when done: the verdict
     # when done with an error: the same ending as a whole HTTP response, for when the lifecycle answers
     # STATUS (the status line is not out); its FRAME is `data` (the events before it and the frame)
     failure: Failure | None = None
     first_content: bool = False  # carries the first content-bearing event (time to first token)
     content_events: int = 0  # content-bearing events in `data` (token latency)
-    resume: str | None = None  # --resume-on-cut: the stream broke for this reason; continue it, or give_up()
+    resume: Reason | None = None  # --resume-on-cut: the stream broke for this reason; continue it, or give_up()
 
 
 # (reason, status) -> whether to try a continuation instead of ending (proxy/core/resume/resumer.py)
@@ -77,7 +77,7 @@ class _Pending:
 
     status: int
     message: str
-    reason: str
+    reason: Reason
     rewrite: str | None
     code: ErrorCode | None
     headers: dict[str, str]
@@ -247,14 +247,15 @@ class StreamGuard:
         step, out = self._begin()
         return self._consume(step, out, self._reader.close()) or self._end(step, out)
 
-    def fail(self, reason: str) -> Step:
+    def fail(self, reason: Reason) -> Step:
         """The I/O layer detected a failure: `stream_cut`, `stall_timeout`, `shutdown` or `proxy_error`."""
         if self._done:
             return Step()
         step, out = self._begin()
-        known = Reason(reason) if reason in _FAILURES else Reason.STREAM_CUT
+        known = reason if reason in _FAILURES else Reason.STREAM_CUT
         message = _FAILURES[known]
-        return self._error(step, out, status_for(known), message, reason, None if reason == "proxy_error" else reason)
+        rewrite = None if reason is Reason.PROXY_ERROR else str(reason)
+        return self._error(step, out, status_for(known), message, reason, rewrite)
 
     def commit(self) -> Step:
         """The hold window expired: commit now and flush what was held."""
@@ -283,14 +284,14 @@ class StreamGuard:
         if pending is None or self._done:
             return Step()
         self._pending = None
-        if pending.reason in ("stray_http_block", "upstream_error_frame"):
+        if pending.reason in (Reason.STRAY_HTTP_BLOCK, Reason.UPSTREAM_ERROR_FRAME):
             self.upstream_message = pending.message  # what the upstream said, as without the flag
         step, out = Step(), list[bytes]()
         if pending.raw is not None:  # (the upstream's own error frame and the dialect's ending)
             step.data = pending.raw
             step.failure = self._status(pending.status, pending.message, pending.code or pending.reason)
             self.events += 1
-            return self._finish(step, "error", pending.reason)
+            return self._finish(step, Outcome.ERROR, pending.reason)
         return self._error(
             step, out, pending.status, pending.message, pending.reason, pending.rewrite, pending.code,
             pending.headers, resumable=False,
@@ -352,7 +353,7 @@ class StreamGuard:
             if ended is not None:
                 return ended
             message = f"an upstream event exceeded the proxy's limit of {self._max} bytes"
-            return self._error(step, out, 502, message, "stream_cut", "oversized_event")
+            return self._error(step, out, 502, message, Reason.STREAM_CUT, "oversized_event")
         return self._consume(step, out, items) or self._flush(step, out)
 
     def _begin(self) -> tuple[Step, list[bytes]]:
@@ -423,16 +424,16 @@ class StreamGuard:
             elif kind is Kind.FOREIGN:
                 info = stream.error
                 assert info is not None
-                reason = "upstream_error_frame"
+                reason = Reason.UPSTREAM_ERROR_FRAME
                 self.upstream_message = info.message
                 return self._error(step, out, info.status, info.message, reason, "foreign_error_frame", info.code)
             elif kind is Kind.ABORTED:
                 # The abort chunk itself is dropped (its finish_reason is not one the SDKs know).
                 info = stream.error
                 assert info is not None
-                return self._error(step, out, info.status, info.message, "upstream_aborted", "upstream_aborted")
+                return self._error(step, out, info.status, info.message, Reason.UPSTREAM_ABORTED, "upstream_aborted")
             else:  # Kind.EARLY_DONE
-                return self._error(step, out, 502, _EARLY_DONE, "stream_cut", "stream_cut")
+                return self._error(step, out, 502, _EARLY_DONE, Reason.STREAM_CUT, "stream_cut")
         return None
 
     def _flush(self, step: Step, out: list[bytes]) -> Step:
@@ -446,7 +447,7 @@ class StreamGuard:
             step.data = _join(out)
         return step
 
-    def _finish(self, step: Step, outcome: str, reason: str) -> Step:
+    def _finish(self, step: Step, outcome: Outcome, reason: Reason) -> Step:
         self._done = True
         step.done = True
         step.outcome = outcome
@@ -458,14 +459,14 @@ class StreamGuard:
             self._commit(step, out)
         if out:
             step.data = _join(out)
-        return self._finish(step, "ok", "complete")
+        return self._finish(step, Outcome.OK, Reason.COMPLETE)
 
     def _end(self, step: Step, out: list[bytes]) -> Step:
         """The upstream is finished (EOF, or a `[DONE]` where another terminal was due)."""
         stream = self._stream
         if not stream.finished:
             message = _FAILURES[Reason.STREAM_CUT]
-            return self._error(step, out, status_for(Reason.STREAM_CUT), message, "stream_cut", "stream_cut")
+            return self._error(step, out, status_for(Reason.STREAM_CUT), message, Reason.STREAM_CUT, "stream_cut")
         terminal = stream.terminal_frame()
         if terminal is not None:
             out.append(terminal)
@@ -478,7 +479,7 @@ class StreamGuard:
         out: list[bytes],
         status: int,
         message: str,
-        reason: str,
+        reason: Reason,
         rewrite: str | None,
         code: ErrorCode | None = None,
         headers: dict[str, str] | None = None,
@@ -501,7 +502,7 @@ class StreamGuard:
             if rewrite is not None:  # the cause counts too: alerts on stray blocks must see them
                 self.rewrites.append(rewrite)
             self.status_instead()
-        return self._finish(step, "error", reason)
+        return self._finish(step, Outcome.ERROR, reason)
 
     def _upstream_error(self, step: Step, out: list[bytes], raw: bytes) -> Step:
         """An error in the dialect's own shape: forward it and the rest of its ending, stop at once."""
@@ -509,9 +510,9 @@ class StreamGuard:
         assert info is not None
         self.upstream_message = info.message
         if not self.released:
-            return self._error(step, out, info.status, info.message, "upstream_error_frame", None, info.code)
+            return self._error(step, out, info.status, info.message, Reason.UPSTREAM_ERROR_FRAME, None, info.code)
         tail = self._stream.error_tail()
-        pending = _Pending(info.status, info.message, "upstream_error_frame", None, info.code, {}, raw + tail)
+        pending = _Pending(info.status, info.message, Reason.UPSTREAM_ERROR_FRAME, None, info.code, {}, raw + tail)
         resumed = self._resumes(step, out, pending)
         if resumed is not None:
             return resumed
@@ -520,8 +521,8 @@ class StreamGuard:
         if tail:
             out.append(tail)
         step.data = _join(out)
-        step.failure = self._status(info.status, info.message, info.code or "upstream_error_frame")
-        return self._finish(step, "error", "upstream_error_frame")
+        step.failure = self._status(info.status, info.message, info.code or Reason.UPSTREAM_ERROR_FRAME)
+        return self._finish(step, Outcome.ERROR, Reason.UPSTREAM_ERROR_FRAME)
 
     def _stray(self, step: Step, out: list[bytes], block: StatusBlock) -> Step:
         """An HTTP response written into the SSE body: dropped, reported with its status and message."""
@@ -539,4 +540,4 @@ class StreamGuard:
             message = block.reason or f"the upstream wrote an HTTP {block.status} response into the stream"
         headers = _retry_headers(block.headers)
         self.upstream_message = message
-        return self._error(step, out, status, message, "stray_http_block", "stray_http_block", code, headers)
+        return self._error(step, out, status, message, Reason.STRAY_HTTP_BLOCK, "stray_http_block", code, headers)

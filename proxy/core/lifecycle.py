@@ -21,6 +21,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from proxy.core.verdicts import HOOKED_CANCELLATIONS, REASONS, Cancellation, Outcome, Phase, Reason, status_for
+
 if TYPE_CHECKING:
     from proxy.core.record import ExchangeRecord
 
@@ -41,102 +43,7 @@ __all__ = [
 ]
 
 
-class Phase(StrEnum):
-    RECEIVED = "received"
-    AWAITING_HEADERS = "awaiting_headers"
-    STREAMING = "streaming"
-    RESPONDING_WHOLE = "responding_whole"
-    FINISHED = "finished"
-
-
-class Outcome(StrEnum):
-    OK = "ok"
-    ERROR = "error"
-    ABORTED = "aborted"
-
-
-class Reason(StrEnum):
-    """The `reason` label values, fixed (the README's metrics table)."""
-
-    COMPLETE = "complete"
-    UPSTREAM_4XX = "upstream_4xx"
-    UPSTREAM_5XX = "upstream_5xx"
-    CONNECT_FAILED = "connect_failed"
-    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
-    STALL_TIMEOUT = "stall_timeout"
-    STREAM_CUT = "stream_cut"
-    STRAY_HTTP_BLOCK = "stray_http_block"
-    UPSTREAM_ERROR_FRAME = "upstream_error_frame"
-    INVALID_UPSTREAM_BODY = "invalid_upstream_body"
-    INCOMPLETE_BATCH = "incomplete_batch"
-    BODY_TOO_LARGE = "body_too_large"
-    SHUTDOWN = "shutdown"
-    PROXY_ERROR = "proxy_error"
-    BAD_REQUEST = "bad_request"
-    BAD_UPSTREAM_RESPONSE = "bad_upstream_response"
-    UPSTREAM_ABORTED = "upstream_aborted"
-    PROXY_OVERLOADED = "proxy_overloaded"
-    CLIENT_TIMEOUT = "client_timeout"
-    CLIENT_DISCONNECT = "client_disconnect"
-    CLIENT_STALLED = "client_stalled"
-
-
-# reason -> (outcome, the HTTP status the proxy gives it when it answers itself; 0: the upstream's own)
-REASONS: MappingProxyType[Reason, tuple[Outcome, int]] = MappingProxyType({
-    Reason.COMPLETE: (Outcome.OK, 0),
-    Reason.UPSTREAM_4XX: (Outcome.ERROR, 0),
-    Reason.UPSTREAM_5XX: (Outcome.ERROR, 0),
-    Reason.CONNECT_FAILED: (Outcome.ERROR, 502),
-    Reason.FIRST_BYTE_TIMEOUT: (Outcome.ERROR, 504),
-    Reason.STALL_TIMEOUT: (Outcome.ERROR, 504),
-    Reason.STREAM_CUT: (Outcome.ERROR, 502),
-    Reason.STRAY_HTTP_BLOCK: (Outcome.ERROR, 502),
-    Reason.UPSTREAM_ERROR_FRAME: (Outcome.ERROR, 502),
-    Reason.INVALID_UPSTREAM_BODY: (Outcome.ERROR, 502),
-    Reason.INCOMPLETE_BATCH: (Outcome.ERROR, 502),
-    Reason.BODY_TOO_LARGE: (Outcome.ERROR, 413),
-    Reason.SHUTDOWN: (Outcome.ERROR, 503),
-    Reason.PROXY_ERROR: (Outcome.ERROR, 500),
-    Reason.BAD_REQUEST: (Outcome.ERROR, 400),
-    Reason.BAD_UPSTREAM_RESPONSE: (Outcome.ERROR, 502),
-    Reason.UPSTREAM_ABORTED: (Outcome.ERROR, 502),
-    Reason.PROXY_OVERLOADED: (Outcome.ERROR, 503),
-    Reason.CLIENT_TIMEOUT: (Outcome.ERROR, 408),
-    Reason.CLIENT_DISCONNECT: (Outcome.ABORTED, 0),
-    Reason.CLIENT_STALLED: (Outcome.ABORTED, 0),
-})
-
-
-
-class Cancellation(StrEnum):
-    """Why the proxy cancelled upstream work: the `reason` label of the cancellations metric.
-
-    The client's leaving and an upstream failure the proxy reacts to by closing the upstream name
-    themselves; any other error the proxy ended a stream with is `upstream_error`. `cancel_hook`
-    counts each --cancel-hook call made, besides the close counted under one of the others.
-    """
-
-    CLIENT_DISCONNECT = "client_disconnect"
-    CLIENT_STALLED = "client_stalled"
-    STALL_TIMEOUT = "stall_timeout"
-    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
-    SHUTDOWN = "shutdown"
-    UPSTREAM_ERROR = "upstream_error"
-    CANCEL_HOOK = "cancel_hook"
-
-
-# Cancellations a --cancel-hook follows up: the proxy gave up on work the upstream may still be doing.
-# Not `upstream_error`: the upstream itself ended that request.
-HOOKED_CANCELLATIONS = frozenset({
-    Cancellation.CLIENT_DISCONNECT, Cancellation.CLIENT_STALLED, Cancellation.STALL_TIMEOUT,
-    Cancellation.FIRST_BYTE_TIMEOUT, Cancellation.SHUTDOWN,
-})
 _CANCELS_AS_ITSELF = frozenset({Reason.FIRST_BYTE_TIMEOUT, Reason.STALL_TIMEOUT, Reason.SHUTDOWN})
-
-
-def status_for(reason: Reason) -> int:
-    """The HTTP status of a verdict the proxy answers itself (docs/failures.md)."""
-    return REASONS[reason][1] or 502
 
 
 class Event(StrEnum):
@@ -168,7 +75,7 @@ class Close(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Answer:
     reason: Reason
-    cancel: str | None = None  # count this cancellation and close the upstream connection
+    cancel: Cancellation | None = None  # count this cancellation and close the upstream connection
     drain: bool = False  # read the upstream to its end for its usage (--on-abandon drain), then close
     reply: Reply = Reply.NOTHING
     code: int = 0  # a refusal's own status where its reason has several (bad_request: 400, 405, 431, 505)
@@ -267,8 +174,8 @@ class Lifecycle:
     def upstream_failed(self, reason: Reason) -> Answer | None:
         return self._end(Event.UPSTREAM_FAILED, reason)
 
-    def guard_ended(self, outcome: str, reason: str) -> Answer | None:
-        answer = self._end(Event.GUARD_ENDED, Reason(reason))
+    def guard_ended(self, outcome: Outcome, reason: Reason) -> Answer | None:
+        answer = self._end(Event.GUARD_ENDED, reason)
         assert answer is None or REASONS[answer.reason][0] == outcome, (outcome, reason)
         return answer
 
@@ -295,7 +202,7 @@ class Lifecycle:
         if self.phase is not expected:
             raise RuntimeError(f"lifecycle: {to} from {self.phase}, expected {expected}")
         self.phase = to
-        self._record.phase = str(to)
+        self._record.phase = to
 
     def _end(self, event: Event, reason: Reason | None, code: int = 0) -> Answer | None:
         """The first ending fixes the verdict; later ones return None (already decided)."""
@@ -318,24 +225,24 @@ class Lifecycle:
         self.ended, self.ended_in = answer, self.phase
         self.phase = Phase.FINISHED
         record = self._record
-        record.outcome, record.reason = str(REASONS[final][0]), str(final)
+        record.outcome, record.reason = REASONS[final][0], final
         record.upstream_cancelled = cancel
         record.drained = drain
         record.settled_at = time.monotonic()
-        record.phase = str(self.ended_in)
+        record.phase = self.ended_in
         return answer
 
-    def _cancel(self, rule: str | None, reason: Reason) -> tuple[str | None, bool]:
+    def _cancel(self, rule: str | None, reason: Reason) -> tuple[Cancellation | None, bool]:
         if rule is None or self.phase not in _ENGAGED:
             return None, False
         if rule == _CANCEL_CLIENT:
             if self.drain_on_abandon and reason is Reason.CLIENT_DISCONNECT:
                 return None, True
-            return str(reason), False
+            return Cancellation(reason), False
         if reason in _CANCELS_AS_ITSELF:
-            return str(reason), False
+            return Cancellation(reason), False
         if self.phase is Phase.STREAMING and REASONS[reason][0] is Outcome.ERROR and reason is not Reason.PROXY_ERROR:
-            return str(Cancellation.UPSTREAM_ERROR), False  # the proxy ended the stream after an upstream failure
+            return Cancellation.UPSTREAM_ERROR, False  # the proxy ended the stream after an upstream failure
         return None, False
 
     def _reply(self, reply: str, reason: Reason) -> Reply:

@@ -84,7 +84,7 @@ async def respond_whole(
         prefix, whole = await read_bounded(reader, limit, idle_timeout)
         if whole:
             judged = judge_body(dialect, info, head.status, head.headers.get("Content-Type"), prefix)
-            verdict = Reason(judged.reason)
+            verdict = judged.reason
             ex.record_usage(judged.usage)
             ex.upstream_message = judged.upstream_message
             if judged.replacement is not None:

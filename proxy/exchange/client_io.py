@@ -158,11 +158,12 @@ class ClientWriter:
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         return True
 
-    def on_flow(self, paused: object, drained: object) -> None:
+    def on_flow(self, paused: _Hook, drained: _Hook) -> None:
+        """Call `paused()` when the client's buffer passes its high-water mark, `drained()` after."""
         channel = self.request.channel
-        channel.flow_hooks = (paused, drained)  # type: ignore[assignment]
+        channel.flow_hooks = (paused, drained)
         if channel.writing_paused:
-            paused()  # type: ignore[operator]
+            paused()
 
     def release_flow(self) -> None:
         self.request.channel.flow_hooks = None

@@ -31,7 +31,7 @@ from typing import ParamSpec
 
 from proxy.config import Config
 from proxy.core.guard import Failure, Step, StreamGuard
-from proxy.core.lifecycle import Answer, Close, Lifecycle, Reason, Reply
+from proxy.core.lifecycle import Answer, Close, Lifecycle, Outcome, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.answers import carry_out
 from proxy.exchange.client_io import ClientWriter
@@ -101,7 +101,7 @@ class StreamRelay:
         self.bug: BaseException | None = None
         self.settle = False  # Need.DONE: the reply leaves the connection up, for `answers.settle`
         self._broke: Reason | None = None  # a failure of the upstream's socket, told to the lifecycle if it ends
-        self.resume_reason: str | None = None  # Need.RESUME: why the stream broke
+        self.resume_reason: Reason | None = None  # Need.RESUME: why the stream broke
         if self._line is Line.SENT:
             out.on_flow(self._client_paused, self._client_drained)
         self._clock: asyncio.TimerHandle | None = loop.call_at(self._deadline(), self._tick)
@@ -253,7 +253,7 @@ class StreamRelay:
         if self._broke is not None:
             life.upstream_failed(self._broke)
         else:
-            life.guard_ended(step.outcome or "error", step.reason or Reason.PROXY_ERROR)
+            life.guard_ended(step.outcome or Outcome.ERROR, step.reason or Reason.PROXY_ERROR)
         answer = life.ended  # (this step's, or the earlier ending's: shutdown, the client gone)
         assert answer is not None
         assert answer.reply is not Reply.CUT or answer.reason is Reason.CLIENT_STALLED, answer
