@@ -50,6 +50,9 @@ class FakeTransport(asyncio.Transport):
     def resume_reading(self) -> None:
         self.reading = True
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
     @property
     def data(self) -> bytes:
         return b"".join(self.written)
