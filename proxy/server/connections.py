@@ -3,8 +3,9 @@
 Each request becomes a `ClientRequest` handed to one exchange task (`proxy.exchange.forward.handle`);
 its body arrives from this protocol's callbacks, and the exchange writes its answer straight to the
 transport. One request is answered at a time: a pipelined one waits, parsed, until the one before it
-is answered (reading pauses meanwhile), so answers go out in order. A client that leaves cancels its
-exchange's task, which cancels the upstream. The per-connection rules are nginx's defaults:
+is answered (reading pauses meanwhile), so answers go out in order. A client that leaves is an event
+to its exchange (`ClientRequest.depart`), which ends it and cancels the upstream. The
+per-connection rules are nginx's defaults:
 
 - `--client-header-timeout`: the request line and headers must arrive within it (from the accept,
   or from the first byte of a keep-alive connection's next request); else 408 and close. An idle
@@ -70,7 +71,8 @@ class MainPort:
 
     async def close(self, grace: float) -> None:
         """Shutdown's end: idle connections close; exchanges still running get `grace` seconds, then
-        their connections are cut (which cancels them) and their books are written."""
+        their connections are cut (their exchanges hear it as the client's departure) and their books
+        are written."""
         for connection in list(self.connections):
             connection.close_if_idle()
         running = self._running()
@@ -81,6 +83,8 @@ class MainPort:
         running = self._running()
         if running:
             await asyncio.wait(running, timeout=grace)
+        for task in self._running():  # (what no event ended: shutdown's last resort, a cancel)
+            task.cancel()
 
     def _running(self) -> set[asyncio.Task[None]]:
         return {c.task for c in self.connections if c.task is not None and not c.task.done()}
