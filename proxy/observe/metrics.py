@@ -21,8 +21,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from proxy import __version__
-from proxy.core.latency import ITL_BUCKETS, GapHistogram
+from proxy.core.latency import ITL_BUCKETS
 from proxy.core.lifecycle import Cancellation
+from proxy.observe.gaps import GapHistogram
 
 __all__ = [
     "ABORT_PHASES", "APIS", "CANCELLATION_REASONS", "CANCEL_HOOK_FAILURE_REASONS", "CONTENT_TYPE_LATEST",
