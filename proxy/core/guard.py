@@ -234,7 +234,7 @@ class StreamGuard:
             pieces -= 1
             step = self._feed(chunk if end - start == n else chunk[start:end])
             acc = step if acc is None else _merge(acc, step)
-            if step.done or step.resume:  # (the rest of a read after a break is not read, as before)
+            if step.done or step.resume:  # (a break ends what the upstream said: the rest of the read is not read)
                 break
             start = end
         assert acc is not None
