@@ -70,17 +70,15 @@ def carry_out(
     if reply is Reply.NOTHING:
         return True
     if reply is Reply.FRAME:
-        if frame and out.write_raw(frame):
-            out.ex.bytes_out += len(frame)
+        if frame:
+            out.write_raw(frame)
         return True
     close = answer.close is not Close.KEEP
     if failure is not None:
         out.whole_now(failure.status, failure.body, {**failure.headers, **(headers or {})}, close=close)
-        out.ex.bytes_out = len(failure.body)
         return True
     body = dialect.error_body(answer.status, message, answer.reason)
     out.whole_now(answer.status, body, headers or {}, close=close)
-    out.ex.bytes_out = len(body)
     return True
 
 

@@ -99,7 +99,6 @@ async def respond_whole(
                 out.whole_now(head.status, body, headers, reason=head.reason or None, content_type=None)
             _cut_on_shutdown(interrupter, life, out, dialect)
             await out.drained()
-            ex.bytes_out = len(body)
             return life.body_ended(verdict)
     tail = checked and 200 <= head.status < 300  # its usage is read from its end
     await _copy_through(reader, head, out, life, ex, prefix, idle_timeout, interrupter, dialect, keep_tail=tail)

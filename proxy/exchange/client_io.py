@@ -145,14 +145,17 @@ class ClientWriter:
         assert self.response is not None, "commit first"
         if not self.write_raw(data):
             raise ClientGone("the client closed the connection")
-        self.ex.bytes_out += len(data)
         await self.drained()
 
     def write_raw(self, data: bytes) -> bool:
-        """Write `data` as the next piece of the body, framed; False when the client is gone."""
+        """Write `data` as the next piece of the body, framed; False when the client is gone.
+
+        The exchange's `bytes_out` is counted here and in `whole_now`, nowhere else: the body's
+        bytes handed to the client's transport (its framing not included)."""
         transport = self.request.channel.transport
         if transport is None or transport.is_closing():
             return False
+        self.ex.bytes_out += len(data)
         if not self._body_allowed():
             return True
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
@@ -191,7 +194,6 @@ class ClientWriter:
         """
         head = self.whole_now(status, body, headers, reason=reason, content_type=content_type, close=close)
         await self.drained()
-        self.ex.bytes_out = len(body)
         return head
 
     def whole_now(
@@ -214,6 +216,7 @@ class ClientWriter:
         self.life.committed_now()
         data = self._head(head, length=len(body), close=close)
         self._send(data + body if self._body_allowed() else data)
+        self.ex.bytes_out = len(body)
         return head
 
     def close_now(self) -> None:

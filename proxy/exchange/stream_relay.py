@@ -295,7 +295,6 @@ class StreamRelay:
         if out is None or not out.write_raw(data):
             self._conclude(self._life.client_gone(), b"", None)
             return False
-        self.ex.bytes_out += len(data)
         return True
 
     def _client_paused(self) -> None:
