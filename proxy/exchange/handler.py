@@ -23,19 +23,19 @@ from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.core.resume import RESUMABLE_APIS, Resumer
-from proxy.exchange.answers import carry_out, settle
-from proxy.exchange.body_io import respond_whole
 from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client import ClientRequest
-from proxy.exchange.client_io import ClientStalled, ClientWriter
+from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.exchange.drain import drain
 from proxy.exchange.failures import Refusal, UpstreamFailure, first_byte_timeout
 from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
+from proxy.exchange.reply import carry_out, settle
 from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
 from proxy.exchange.resume_io import Resuming, continuation_headers, open_continuation
 from proxy.exchange.state import ProxyState
 from proxy.exchange.stream_io import is_stream, relay_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink
+from proxy.exchange.whole import respond_whole
 
 __all__ = ["client_request_id", "handle"]
 
@@ -212,7 +212,7 @@ def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str,
 
 
 async def _tell(flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None) -> None:
-    """Carry out an ending's answer (`proxy.exchange.answers`) and let the client take it in."""
+    """Carry out an ending's answer (`proxy.exchange.reply`) and let the client take it in."""
     out = flight.out
     frame = b""
     if answer is not None and answer.reply is Reply.FRAME and flight.guard is not None:

@@ -35,7 +35,7 @@ from proxy.core.guard import Failure
 from proxy.core.lifecycle import Answer, Close, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.client import ClientChannel, ClientRequest
-from proxy.exchange.client_io import ClientStalled, ClientWriter
+from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.observe.books import Books
 
 __all__ = ["carry_out", "refuse_connection", "settle"]

@@ -4,7 +4,7 @@ The relay (proxy/exchange/stream_relay.py) does the per-event work from the upst
 callbacks; the handler's coroutine wakes only for what needs awaiting: sending the status line (at
 once with --hold-headers 0, else when the guard commits), the end of the body, a failure sent as a
 real status, or the client's departure. What the client is told is the lifecycle's answer, carried
-out by the relay (`answers.carry_out`); this side lets the client take it in (`answers.settle`).
+out by the relay (`reply.carry_out`); this side lets the client take it in (`reply.settle`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from proxy.core.guard import StreamGuard
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Lifecycle
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.answers import settle
-from proxy.exchange.client_io import ClientGone, ClientWriter, ResponseHead
+from proxy.exchange.client_writer import ClientGone, ClientWriter, ResponseHead
 from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.reply import settle
 from proxy.exchange.resume_io import Resuming, with_keepalives
 from proxy.exchange.stream_relay import KEEPALIVE, Need, StreamRelay, count_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink

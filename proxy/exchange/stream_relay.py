@@ -9,7 +9,7 @@ carries the hold window, the idle timeout and the keep-alive comments, re-armed 
 
 The relay decides nothing. Every ending is an event to the lifecycle (the guard's verdict, the
 upstream's socket failing, a stall, shutdown, a write the client is gone for), and the lifecycle's
-answer is carried out at once, from the callback, by `answers.carry_out`: the guard words a failure
+answer is carried out at once, from the callback, by `reply.carry_out`: the guard words a failure
 both ways, and the answer takes its frame once the exchange is committed (`Lifecycle.committed`,
 the only such flag: set here when the guard asks for the 200), its status before, or a cut.
 
@@ -33,10 +33,10 @@ from proxy.config import Config
 from proxy.core.guard import Failure, Step, StreamGuard
 from proxy.core.lifecycle import Answer, Close, Lifecycle, Outcome, Reason, Reply
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.answers import carry_out
-from proxy.exchange.client_io import ClientWriter
+from proxy.exchange.client_writer import ClientWriter
 from proxy.exchange.failures import UpstreamFailure
 from proxy.exchange.interrupts import Cause, told
+from proxy.exchange.reply import carry_out
 from proxy.exchange.upstream import UpstreamLink
 
 __all__ = ["KEEPALIVE", "Need", "StreamRelay", "count_stream"]
@@ -99,7 +99,7 @@ class StreamRelay:
         self._paused = False  # by the client's flow control
         self._stall_timer: asyncio.TimerHandle | None = None
         self.bug: BaseException | None = None
-        self.settle = False  # Need.DONE: the reply leaves the connection up, for `answers.settle`
+        self.settle = False  # Need.DONE: the reply leaves the connection up, for `reply.settle`
         self._broke: Reason | None = None  # a failure of the upstream's socket, told to the lifecycle if it ends
         self.resume_reason: Reason | None = None  # Need.RESUME: why the stream broke
         if self._line is Line.SENT:
@@ -269,7 +269,7 @@ class StreamRelay:
             self._ask()
 
     def _conclude(self, answer: Answer | None, data: bytes, failure: Failure | None) -> None:
-        """Carry out the answer (`answers.carry_out`); the handler then settles it."""
+        """Carry out the answer (`reply.carry_out`); the handler then settles it."""
         out = self._out
         if out is not None:
             body_end = answer is not None and answer.reply is Reply.NOTHING and answer.close is Close.KEEP

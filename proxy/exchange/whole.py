@@ -18,10 +18,10 @@ from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Answer, Lifecycle, Reason
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.answers import carry_out
 from proxy.exchange.body_reader import BodyReader
-from proxy.exchange.client_io import ClientWriter, ResponseHead
+from proxy.exchange.client_writer import ClientWriter, ResponseHead
 from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
+from proxy.exchange.reply import carry_out
 from proxy.exchange.upstream import UpstreamHead
 
 __all__ = ["JUDGE_PREFIX", "plain_verdict", "read_bounded", "respond_whole"]

@@ -1,6 +1,6 @@
 """The main port's client connections: an asyncio protocol per connection, requests parsed by llhttp.
 
-Each request becomes a `ClientRequest` handed to one exchange task (`proxy.exchange.forward.handle`);
+Each request becomes a `ClientRequest` handed to one exchange task (`proxy.exchange.handler.handle`);
 its body arrives from this protocol's callbacks, and the exchange writes its answer straight to the
 transport. One request is answered at a time: a pipelined one waits, parsed, until the one before it
 is answered (reading pauses meanwhile), so answers go out in order. A client that leaves is an event
@@ -18,7 +18,7 @@ per-connection rules are nginx's defaults:
 - a response that leaves the request body unread (a 413, say) closes the connection after reading
   and discarding the rest for at most 5 s (nginx's lingering close), so the client sees the answer.
 
-Each refusal is a lifecycle's `refused` verdict (`proxy.exchange.answers.refuse_connection`): its
+Each refusal is a lifecycle's `refused` verdict (`proxy.exchange.reply.refuse_connection`): its
 status is written straight to the socket (no request is in progress on it, so no response can be
 interleaved), and it is counted and logged by the books like any other exchange.
 """
@@ -38,8 +38,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.http_head import HeadScanner, HeadTooLarge, request_line_refusal
 from proxy.core.lifecycle import Reason
-from proxy.exchange.answers import refuse_connection
 from proxy.exchange.client import ClientRequest
+from proxy.exchange.reply import refuse_connection
 from proxy.observe.books import Books
 
 __all__ = ["LINGERING_SECONDS", "ClientConnection", "ConnectionRules", "MainPort"]

@@ -15,7 +15,7 @@ from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Lifecycle
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.client import ClientRequest
-from proxy.exchange.client_io import ClientWriter
+from proxy.exchange.client_writer import ClientWriter
 from proxy.exchange.upstream import BodySink
 
 _Hook = Callable[[], None]
