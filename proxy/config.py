@@ -91,7 +91,7 @@ class CancelHook:
     def render(self, request_id: str, conversation_id: str | None) -> HookCall | None:
         """The call for one exchange; None when it needs a conversation id the request did not have.
 
-        Raises UnsendableId for an id the call must not carry. Header values arrive as aiohttp decodes
+        Raises UnsendableId for an id the call must not carry. Header values arrive as the main port decodes
         them (UTF-8, other bytes as surrogate escapes): in a path they go out as their original bytes.
         """
         if self.needs_conversation and not conversation_id:
@@ -420,9 +420,9 @@ class Config:
     def upstream_target(self) -> tuple[str, str | None]:
         """(the upstream base URL without credentials, a Basic `Authorization` value from them or None).
 
-        aiohttp refuses a URL with credentials when the request also has an Authorization header, and
-        clients usually send one (an API key): so credentials become a header the proxy adds only
-        when the client sent none.
+        Credentials in the URL are not a request target; clients usually send an Authorization header
+        of their own (an API key), so the URL's become a header the proxy adds only when the client
+        sent none.
         """
         url = URL(self.upstream)
         if url.user is None and url.password is None:

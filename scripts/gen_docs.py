@@ -36,7 +36,8 @@ def quirk_table() -> str:
 
 
 def lifecycle_table() -> str:
-    rows = ["| phase | event | reason | cancel the upstream | tell the client |", "|---|---|---|---|---|"]
+    rows = ["| phase | event | reason | cancel the upstream | tell the client | close the connection |",
+            "|---|---|---|---|---|---|"]
     rows += ["| " + " | ".join(f"`{cell}`" if i < 2 else cell for i, cell in enumerate(row)) + " |"
              for row in transition_rows()]  # fmt: skip
     return "\n".join(rows)

@@ -18,7 +18,7 @@ from proxy.core.dialects import Dialect, RequestInfo, Usage
 from proxy.core.dialects.base import reported, usage_from
 from proxy.core.dialects.chat import ABORT_REASON, ABORTED
 from proxy.core.dialects.errors import ErrorCode, cut, describe_error, error_message, is_error_object, text_message
-from proxy.core.lifecycle import Reason, status_for
+from proxy.core.lifecycle import Outcome, Reason, status_for
 
 __all__ = ["TAIL_BYTES", "BodyVerdict", "judge_body", "usage_from_tail"]
 
@@ -36,8 +36,8 @@ _CHOICE_DIALECTS = frozenset({"chat_completions", "completions"})
 
 @dataclass(frozen=True, slots=True)
 class BodyVerdict:
-    outcome: str
-    reason: str
+    outcome: Outcome
+    reason: Reason
     replacement: tuple[int, bytes] | None  # (status, dialect error JSON) instead of the upstream's body
     usage: Usage | None
     upstream_message: str | None = None  # the upstream's own error message, for the log line
@@ -59,12 +59,12 @@ def judge_body(
     if status < 400:
         if dialect.json_body and 200 <= status < 300 and status not in (204, 205):  # those have no body
             return _judge_success(dialect, request, content_type, body)
-        return BodyVerdict("ok", "complete", None, None)
-    reason = "upstream_5xx" if status >= 500 else "upstream_4xx"
+        return BodyVerdict(Outcome.OK, Reason.COMPLETE, None, None)
+    reason = Reason.UPSTREAM_5XX if status >= 500 else Reason.UPSTREAM_4XX
     if not dialect.json_body:
-        return BodyVerdict("error", reason, None, None)
+        return BodyVerdict(Outcome.ERROR, reason, None, None)
     replacement, message = _reshape_error(dialect, status, content_type, body, reason)
-    return BodyVerdict("error", reason, replacement, None, message)
+    return BodyVerdict(Outcome.ERROR, reason, replacement, None, message)
 
 
 def _judge_success(dialect: Dialect, request: RequestInfo, content_type: str | None, body: bytes) -> BodyVerdict:
@@ -80,19 +80,20 @@ def _judge_success(dialect: Dialect, request: RequestInfo, content_type: str | N
         return _replace(dialect, status_for(reason), f"the upstream answered with {problem}", reason)
     if is_error_object(obj):
         info = describe_error(obj)
-        verdict = _replace(dialect, info.status, info.message, "upstream_error_frame", info.code)
+        verdict = _replace(dialect, info.status, info.message, Reason.UPSTREAM_ERROR_FRAME, info.code)
         return BodyVerdict(verdict.outcome, verdict.reason, verdict.replacement, None, info.message)
     keys = _USAGE_KEYS.get(dialect.name)
     usage = usage_from(obj.get("usage"), *keys) if keys else None
     if dialect.name in _CHOICE_DIALECTS and _aborted(obj):
         # Failed, but the tokens were generated: their usage is still booked.
         body = dialect.error_body(ABORTED.status, ABORTED.message, ABORTED.code)
-        return BodyVerdict("error", "upstream_aborted", (ABORTED.status, body), reported(usage, *_described(obj)))
+        usage = reported(usage, *_described(obj))
+        return BodyVerdict(Outcome.ERROR, Reason.UPSTREAM_ABORTED, (ABORTED.status, body), usage)
     if dialect.name == "completions":
         missing = _missing_choices(obj, request.prompts * request.n)
         if missing:
             return _replace(dialect, status_for(Reason.INCOMPLETE_BATCH), missing, Reason.INCOMPLETE_BATCH)
-    return BodyVerdict("ok", "complete", None, reported(usage, *_described(obj)))
+    return BodyVerdict(Outcome.OK, Reason.COMPLETE, None, reported(usage, *_described(obj)))
 
 
 def _described(obj: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
@@ -137,12 +138,12 @@ def _missing_choices(obj: dict[str, object], expected: int) -> str | None:
     return cut(f"the upstream returned {count} of {expected} choices; missing indices: {names}")
 
 
-def _replace(dialect: Dialect, status: int, message: str, reason: str, code: ErrorCode | None = None) -> BodyVerdict:
-    return BodyVerdict("error", reason, (status, dialect.error_body(status, message, code or reason)), None)
+def _replace(dialect: Dialect, status: int, message: str, reason: Reason, code: ErrorCode | None = None) -> BodyVerdict:
+    return BodyVerdict(Outcome.ERROR, reason, (status, dialect.error_body(status, message, code or reason)), None)
 
 
 def _reshape_error(
-    dialect: Dialect, status: int, content_type: str | None, body: bytes, reason: str
+    dialect: Dialect, status: int, content_type: str | None, body: bytes, reason: Reason
 ) -> tuple[tuple[int, bytes] | None, str | None]:
     """(None when the error is already in the dialect's shape, else the same status reshaped; the
     upstream's own message, when it gave one)."""

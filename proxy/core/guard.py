@@ -16,7 +16,7 @@ import orjson
 
 from proxy.core.dialects import Dialect, DialectStream, Kind, Usage
 from proxy.core.dialects.errors import ErrorCode, describe_error, error_message
-from proxy.core.lifecycle import Reason, status_for
+from proxy.core.lifecycle import Outcome, Reason, status_for
 from proxy.core.sse import Event, EventTooLarge, SSEReader, StatusBlock
 
 __all__ = ["MAX_HELD", "Failure", "MayResume", "Step", "StreamGuard"]
@@ -48,17 +48,23 @@ class Failure:
 
 @dataclass(slots=True)
 class Step:
-    """What the I/O layer must do now, in this order: commit, write `data`, stop if `done`."""
+    """What the I/O layer must do now, in this order: commit, write `data`, stop if `done`.
+
+    An ending with an error is worded both ways, `data` (the error frame) and `failure` (a status):
+    which one the client gets is the lifecycle's to say (`Answer.reply`), not the guard's.
+    """
 
     commit: bool = False  # send the 200 status line and headers now, before `data`
     data: bytes = b""  # bytes to write to the client now
     done: bool = False  # the stream is over: stop reading and close the upstream connection
-    outcome: str | None = None  # when done: "ok" | "error"
-    reason: str | None = None  # when done: the verdict's `Reason` value
-    failure: Failure | None = None  # when done before commit: send this instead of a 200
+    outcome: Outcome | None = None  # when done: ok or error
+    reason: Reason | None = None  # when done: the verdict
+    # when done with an error: the same ending as a whole HTTP response, for when the lifecycle answers
+    # STATUS (the status line is not out); its FRAME is `data` (the events before it and the frame)
+    failure: Failure | None = None
     first_content: bool = False  # carries the first content-bearing event (time to first token)
     content_events: int = 0  # content-bearing events in `data` (token latency)
-    resume: str | None = None  # --resume-on-cut: the stream broke for this reason; continue it, or give_up()
+    resume: Reason | None = None  # --resume-on-cut: the stream broke for this reason; continue it, or give_up()
 
 
 # (reason, status) -> whether to try a continuation instead of ending (proxy/core/resume/resumer.py)
@@ -71,7 +77,7 @@ class _Pending:
 
     status: int
     message: str
-    reason: str
+    reason: Reason
     rewrite: str | None
     code: ErrorCode | None
     headers: dict[str, str]
@@ -119,9 +125,9 @@ class StreamGuard:
         "_reader",
         "_stitch",
         "_stream",
-        "committed",
         "content_events",
         "events",
+        "released",
         "rewrites",
         "saw_id",
         "upstream_message",
@@ -146,7 +152,9 @@ class StreamGuard:
         self._max_held = max_held  # past it the hold ends early: committing is always safe
         self._held_events = 0
         self._done = False
-        self.committed = False
+        # The hold is over: the guard asked for the status line (a step's `commit`) and releases events
+        # as they come. Not whether the client has the status line: that is `Lifecycle.committed`.
+        self.released = False
         self.events = 0  # upstream events forwarded, comments and dropped events not included
         self.content_events = 0
         self.rewrites: list[str] = []
@@ -160,6 +168,10 @@ class StreamGuard:
     def usage(self) -> Usage | None:
         """The upstream's usage, with the model that answered and the finish reasons."""
         return self._stream.report()
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._dialect
 
     @property
     def done(self) -> bool:
@@ -195,7 +207,7 @@ class StreamGuard:
             or self._stitch is not None  # (a continuation: every event is rewritten)
             or self._pending is not None
             or not self._stream.may_repeat()  # (no dialect check to reach: one piece, as it always was)
-            or (not self.committed and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
+            or (not self.released and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
         ):
             return self._feed(chunk)
         # Runs of content events the dialect knows without a parse skip the reader; other events go
@@ -203,10 +215,10 @@ class StreamGuard:
         # cannot end early within this read), and their Steps are merged into one.
         acc: Step | None = None
         start, n, pieces = 0, len(chunk), _PIECES
-        if self.committed and not self._reader.idle:
+        if self.released and not self._reader.idle:
             acc, start = self._complete_pending(chunk)
         while start < n:
-            if self.committed and self._reader.idle:
+            if self.released and self._reader.idle:
                 count, end = self._stream.repeats(chunk, start, self._max)
                 if count:
                     self.events += count
@@ -222,7 +234,7 @@ class StreamGuard:
             pieces -= 1
             step = self._feed(chunk if end - start == n else chunk[start:end])
             acc = step if acc is None else _merge(acc, step)
-            if step.done or step.resume:  # (the rest of a read after a break is not read, as before)
+            if step.done or step.resume:  # (a break ends what the upstream said: the rest of the read is not read)
                 break
             start = end
         assert acc is not None
@@ -235,18 +247,19 @@ class StreamGuard:
         step, out = self._begin()
         return self._consume(step, out, self._reader.close()) or self._end(step, out)
 
-    def fail(self, reason: str) -> Step:
+    def fail(self, reason: Reason) -> Step:
         """The I/O layer detected a failure: `stream_cut`, `stall_timeout`, `shutdown` or `proxy_error`."""
         if self._done:
             return Step()
         step, out = self._begin()
-        known = Reason(reason) if reason in _FAILURES else Reason.STREAM_CUT
+        known = reason if reason in _FAILURES else Reason.STREAM_CUT
         message = _FAILURES[known]
-        return self._error(step, out, status_for(known), message, reason, None if reason == "proxy_error" else reason)
+        rewrite = None if reason is Reason.PROXY_ERROR else str(reason)
+        return self._error(step, out, status_for(known), message, reason, rewrite)
 
     def commit(self) -> Step:
         """The hold window expired: commit now and flush what was held."""
-        if self._done or self.committed:
+        if self._done or self.released:
             return Step()
         step = Step()
         out: list[bytes] = []
@@ -271,19 +284,32 @@ class StreamGuard:
         if pending is None or self._done:
             return Step()
         self._pending = None
-        if pending.reason in ("stray_http_block", "upstream_error_frame"):
+        if pending.reason in (Reason.STRAY_HTTP_BLOCK, Reason.UPSTREAM_ERROR_FRAME):
             self.upstream_message = pending.message  # what the upstream said, as without the flag
         step, out = Step(), list[bytes]()
         if pending.raw is not None:  # (the upstream's own error frame and the dialect's ending)
             step.data = pending.raw
+            step.failure = self._status(pending.status, pending.message, pending.code or pending.reason)
             self.events += 1
-            return self._finish(step, "error", pending.reason)
+            return self._finish(step, Outcome.ERROR, pending.reason)
         return self._error(
             step, out, pending.status, pending.message, pending.reason, pending.rewrite, pending.code,
             pending.headers, resumable=False,
         )
 
+    def status_instead(self) -> None:
+        """The ending goes out as a real status, not a frame: nothing this guard released is sent
+        (the lifecycle's STATUS; counted as `late_commit_status`)."""
+        if "late_commit_status" not in self.rewrites:
+            self.rewrites.append("late_commit_status")
+        self._held = []
+        self._held_bytes = 0
+        self._held_events = 0
+
     # ---- internals --------------------------------------------------------------------------------
+
+    def _status(self, status: int, message: str, code: ErrorCode) -> Failure:
+        return Failure(status, self._dialect.error_body(status, message, code))
 
     def _resumes(self, step: Step, out: list[bytes], pending: _Pending) -> Step | None:
         """The one place a committed stream's failure may become a continuation instead of an end."""
@@ -327,19 +353,19 @@ class StreamGuard:
             if ended is not None:
                 return ended
             message = f"an upstream event exceeded the proxy's limit of {self._max} bytes"
-            return self._error(step, out, 502, message, "stream_cut", "oversized_event")
+            return self._error(step, out, 502, message, Reason.STREAM_CUT, "oversized_event")
         return self._consume(step, out, items) or self._flush(step, out)
 
     def _begin(self) -> tuple[Step, list[bytes]]:
         step = Step()
         out: list[bytes] = []
-        if not self.committed and not self._hold:
+        if not self.released and not self._hold:
             self._commit(step, out)
         return step, out
 
     def _commit(self, step: Step, out: list[bytes]) -> None:
         step.commit = True
-        self.committed = True
+        self.released = True
         if self._held:
             out[:0] = self._held
             self._held = []
@@ -348,7 +374,7 @@ class StreamGuard:
         self._held_events = 0
 
     def _count(self) -> None:
-        if self.committed:
+        if self.released:
             self.events += 1
         else:
             self._held_events += 1
@@ -374,7 +400,7 @@ class StreamGuard:
                 step.content_events += 1
                 if self.content_events == 1:
                     step.first_content = True
-                if not self.committed:
+                if not self.released:
                     self._commit(step, out)
                 self.events += 1
             elif kind is Kind.PASS:
@@ -398,20 +424,20 @@ class StreamGuard:
             elif kind is Kind.FOREIGN:
                 info = stream.error
                 assert info is not None
-                reason = "upstream_error_frame"
+                reason = Reason.UPSTREAM_ERROR_FRAME
                 self.upstream_message = info.message
                 return self._error(step, out, info.status, info.message, reason, "foreign_error_frame", info.code)
             elif kind is Kind.ABORTED:
                 # The abort chunk itself is dropped (its finish_reason is not one the SDKs know).
                 info = stream.error
                 assert info is not None
-                return self._error(step, out, info.status, info.message, "upstream_aborted", "upstream_aborted")
+                return self._error(step, out, info.status, info.message, Reason.UPSTREAM_ABORTED, "upstream_aborted")
             else:  # Kind.EARLY_DONE
-                return self._error(step, out, 502, _EARLY_DONE, "stream_cut", "stream_cut")
+                return self._error(step, out, 502, _EARLY_DONE, Reason.STREAM_CUT, "stream_cut")
         return None
 
     def _flush(self, step: Step, out: list[bytes]) -> Step:
-        if not self.committed and out:
+        if not self.released and out:
             self._held_bytes += sum(map(len, out))
             if self._held_bytes <= self._max_held:
                 self._held.extend(out)
@@ -421,7 +447,7 @@ class StreamGuard:
             step.data = _join(out)
         return step
 
-    def _finish(self, step: Step, outcome: str, reason: str) -> Step:
+    def _finish(self, step: Step, outcome: Outcome, reason: Reason) -> Step:
         self._done = True
         step.done = True
         step.outcome = outcome
@@ -429,18 +455,18 @@ class StreamGuard:
         return step
 
     def _finish_ok(self, step: Step, out: list[bytes]) -> Step:
-        if not self.committed:
+        if not self.released:
             self._commit(step, out)
         if out:
             step.data = _join(out)
-        return self._finish(step, "ok", "complete")
+        return self._finish(step, Outcome.OK, Reason.COMPLETE)
 
     def _end(self, step: Step, out: list[bytes]) -> Step:
         """The upstream is finished (EOF, or a `[DONE]` where another terminal was due)."""
         stream = self._stream
         if not stream.finished:
             message = _FAILURES[Reason.STREAM_CUT]
-            return self._error(step, out, status_for(Reason.STREAM_CUT), message, "stream_cut", "stream_cut")
+            return self._error(step, out, status_for(Reason.STREAM_CUT), message, Reason.STREAM_CUT, "stream_cut")
         terminal = stream.terminal_frame()
         if terminal is not None:
             out.append(terminal)
@@ -453,7 +479,7 @@ class StreamGuard:
         out: list[bytes],
         status: int,
         message: str,
-        reason: str,
+        reason: Reason,
         rewrite: str | None,
         code: ErrorCode | None = None,
         headers: dict[str, str] | None = None,
@@ -465,31 +491,28 @@ class StreamGuard:
             resumed = self._resumes(step, out, _Pending(status, message, reason, rewrite, code, headers or {}, None))
             if resumed is not None:
                 return resumed
-        if self.committed:
+        body = self._dialect.error_body(status, message, code or reason)
+        step.failure = Failure(status, body, headers or {})
+        if self.released:
             out.append(self._stream.error_frame(status, message, code or reason))
             step.data = _join(out)
             if rewrite is not None:
                 self.rewrites.append(rewrite)
         else:
-            body = self._dialect.error_body(status, message, code or reason)
-            step.failure = Failure(status, body, headers or {})
             if rewrite is not None:  # the cause counts too: alerts on stray blocks must see them
                 self.rewrites.append(rewrite)
-            self.rewrites.append("late_commit_status")
-            self._held = []
-            self._held_bytes = 0
-            self._held_events = 0
-        return self._finish(step, "error", reason)
+            self.status_instead()
+        return self._finish(step, Outcome.ERROR, reason)
 
     def _upstream_error(self, step: Step, out: list[bytes], raw: bytes) -> Step:
         """An error in the dialect's own shape: forward it and the rest of its ending, stop at once."""
         info = self._stream.error
         assert info is not None
         self.upstream_message = info.message
-        if not self.committed:
-            return self._error(step, out, info.status, info.message, "upstream_error_frame", None, info.code)
+        if not self.released:
+            return self._error(step, out, info.status, info.message, Reason.UPSTREAM_ERROR_FRAME, None, info.code)
         tail = self._stream.error_tail()
-        pending = _Pending(info.status, info.message, "upstream_error_frame", None, info.code, {}, raw + tail)
+        pending = _Pending(info.status, info.message, Reason.UPSTREAM_ERROR_FRAME, None, info.code, {}, raw + tail)
         resumed = self._resumes(step, out, pending)
         if resumed is not None:
             return resumed
@@ -498,7 +521,8 @@ class StreamGuard:
         if tail:
             out.append(tail)
         step.data = _join(out)
-        return self._finish(step, "error", "upstream_error_frame")
+        step.failure = self._status(info.status, info.message, info.code or Reason.UPSTREAM_ERROR_FRAME)
+        return self._finish(step, Outcome.ERROR, Reason.UPSTREAM_ERROR_FRAME)
 
     def _stray(self, step: Step, out: list[bytes], block: StatusBlock) -> Step:
         """An HTTP response written into the SSE body: dropped, reported with its status and message."""
@@ -516,4 +540,4 @@ class StreamGuard:
             message = block.reason or f"the upstream wrote an HTTP {block.status} response into the stream"
         headers = _retry_headers(block.headers)
         self.upstream_message = message
-        return self._error(step, out, status, message, "stray_http_block", "stray_http_block", code, headers)
+        return self._error(step, out, status, message, Reason.STRAY_HTTP_BLOCK, "stray_http_block", code, headers)

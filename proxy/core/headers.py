@@ -12,7 +12,7 @@ __all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
 )
-# Recomputed by aiohttp for the bytes actually sent; `Expect: 100-continue` was already answered to
+# Written by the upstream connection for the bytes it sends; `Expect: 100-continue` was already answered to
 # the client, and the proxy sends the upstream a body it holds whole (curl asks for it above 1 KiB).
 _REQUEST_DROP = frozenset({"host", "content-length", "expect"})
 
@@ -60,7 +60,7 @@ def response_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str], *, body_
     """What goes back to the client: the upstream's end-to-end headers.
 
     When the proxy sends a body other than the upstream's, the length and encoding headers that
-    described the upstream's bytes are dropped (aiohttp writes the right ones).
+    described the upstream's bytes are dropped (the client writer frames the body it sends).
     """
     extra = ("content-length", "content-encoding", "content-type") if body_rewritten else ()
     return _end_to_end(headers, extra)

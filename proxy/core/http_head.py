@@ -1,8 +1,8 @@
 """Where a request's head (request line and headers) ends, and whether it stays within its bound.
 
-Sans-IO: fed the connection's bytes as they arrive, at any split. The parser (aiohttp's) still does
-the parsing; this only measures, so that the total size of a head is bounded (aiohttp bounds each
-line, not their sum) and the header timeout knows when the head is complete.
+Sans-IO: fed the connection's bytes as they arrive, at any split. llhttp (the main port's parser)
+does the parsing; this only measures, so that the total size of a head is bounded (as nginx's
+large_client_header_buffers bound it) and the header timeout knows when the head is complete.
 """
 
 from __future__ import annotations

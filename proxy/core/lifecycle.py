@@ -21,6 +21,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from proxy.core.verdicts import HOOKED_CANCELLATIONS, REASONS, Cancellation, Outcome, Phase, Reason, status_for
+
 if TYPE_CHECKING:
     from proxy.core.record import ExchangeRecord
 
@@ -29,6 +31,7 @@ __all__ = [
     "REASONS",
     "Answer",
     "Cancellation",
+    "Close",
     "Event",
     "Lifecycle",
     "Outcome",
@@ -40,102 +43,7 @@ __all__ = [
 ]
 
 
-class Phase(StrEnum):
-    RECEIVED = "received"
-    AWAITING_HEADERS = "awaiting_headers"
-    STREAMING = "streaming"
-    RESPONDING_WHOLE = "responding_whole"
-    FINISHED = "finished"
-
-
-class Outcome(StrEnum):
-    OK = "ok"
-    ERROR = "error"
-    ABORTED = "aborted"
-
-
-class Reason(StrEnum):
-    """The `reason` label values, fixed (the README's metrics table)."""
-
-    COMPLETE = "complete"
-    UPSTREAM_4XX = "upstream_4xx"
-    UPSTREAM_5XX = "upstream_5xx"
-    CONNECT_FAILED = "connect_failed"
-    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
-    STALL_TIMEOUT = "stall_timeout"
-    STREAM_CUT = "stream_cut"
-    STRAY_HTTP_BLOCK = "stray_http_block"
-    UPSTREAM_ERROR_FRAME = "upstream_error_frame"
-    INVALID_UPSTREAM_BODY = "invalid_upstream_body"
-    INCOMPLETE_BATCH = "incomplete_batch"
-    BODY_TOO_LARGE = "body_too_large"
-    SHUTDOWN = "shutdown"
-    PROXY_ERROR = "proxy_error"
-    BAD_REQUEST = "bad_request"
-    BAD_UPSTREAM_RESPONSE = "bad_upstream_response"
-    UPSTREAM_ABORTED = "upstream_aborted"
-    PROXY_OVERLOADED = "proxy_overloaded"
-    CLIENT_TIMEOUT = "client_timeout"
-    CLIENT_DISCONNECT = "client_disconnect"
-    CLIENT_STALLED = "client_stalled"
-
-
-# reason -> (outcome, the HTTP status the proxy gives it when it answers itself; 0: the upstream's own)
-REASONS: MappingProxyType[Reason, tuple[Outcome, int]] = MappingProxyType({
-    Reason.COMPLETE: (Outcome.OK, 0),
-    Reason.UPSTREAM_4XX: (Outcome.ERROR, 0),
-    Reason.UPSTREAM_5XX: (Outcome.ERROR, 0),
-    Reason.CONNECT_FAILED: (Outcome.ERROR, 502),
-    Reason.FIRST_BYTE_TIMEOUT: (Outcome.ERROR, 504),
-    Reason.STALL_TIMEOUT: (Outcome.ERROR, 504),
-    Reason.STREAM_CUT: (Outcome.ERROR, 502),
-    Reason.STRAY_HTTP_BLOCK: (Outcome.ERROR, 502),
-    Reason.UPSTREAM_ERROR_FRAME: (Outcome.ERROR, 502),
-    Reason.INVALID_UPSTREAM_BODY: (Outcome.ERROR, 502),
-    Reason.INCOMPLETE_BATCH: (Outcome.ERROR, 502),
-    Reason.BODY_TOO_LARGE: (Outcome.ERROR, 413),
-    Reason.SHUTDOWN: (Outcome.ERROR, 503),
-    Reason.PROXY_ERROR: (Outcome.ERROR, 500),
-    Reason.BAD_REQUEST: (Outcome.ERROR, 400),
-    Reason.BAD_UPSTREAM_RESPONSE: (Outcome.ERROR, 502),
-    Reason.UPSTREAM_ABORTED: (Outcome.ERROR, 502),
-    Reason.PROXY_OVERLOADED: (Outcome.ERROR, 503),
-    Reason.CLIENT_TIMEOUT: (Outcome.ERROR, 408),
-    Reason.CLIENT_DISCONNECT: (Outcome.ABORTED, 0),
-    Reason.CLIENT_STALLED: (Outcome.ABORTED, 0),
-})
-
-
-
-class Cancellation(StrEnum):
-    """Why the proxy cancelled upstream work: the `reason` label of the cancellations metric.
-
-    The client's leaving and an upstream failure the proxy reacts to by closing the upstream name
-    themselves; any other error the proxy ended a stream with is `upstream_error`. `cancel_hook`
-    counts each --cancel-hook call made, besides the close counted under one of the others.
-    """
-
-    CLIENT_DISCONNECT = "client_disconnect"
-    CLIENT_STALLED = "client_stalled"
-    STALL_TIMEOUT = "stall_timeout"
-    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
-    SHUTDOWN = "shutdown"
-    UPSTREAM_ERROR = "upstream_error"
-    CANCEL_HOOK = "cancel_hook"
-
-
-# Cancellations a --cancel-hook follows up: the proxy gave up on work the upstream may still be doing.
-# Not `upstream_error`: the upstream itself ended that request.
-HOOKED_CANCELLATIONS = frozenset({
-    Cancellation.CLIENT_DISCONNECT, Cancellation.CLIENT_STALLED, Cancellation.STALL_TIMEOUT,
-    Cancellation.FIRST_BYTE_TIMEOUT, Cancellation.SHUTDOWN,
-})
 _CANCELS_AS_ITSELF = frozenset({Reason.FIRST_BYTE_TIMEOUT, Reason.STALL_TIMEOUT, Reason.SHUTDOWN})
-
-
-def status_for(reason: Reason) -> int:
-    """The HTTP status of a verdict the proxy answers itself (docs/failures.md)."""
-    return REASONS[reason][1] or 502
 
 
 class Event(StrEnum):
@@ -156,13 +64,22 @@ class Reply(StrEnum):
     CUT = "cut"  # abort the client connection: no second response may go into a committed body
 
 
+class Close(StrEnum):
+    """What becomes of the client's connection once the reply is carried out."""
+
+    KEEP = "keep"  # it may carry the next request (as its own framing allows)
+    AFTER = "after the reply"  # `Connection: close`; a request body not yet read is read out first
+    NOW = "now"  # closed at once, nothing more read: a client too slow to send, shutdown, one gone
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     reason: Reason
-    cancel: str | None = None  # count this cancellation and close the upstream connection
+    cancel: Cancellation | None = None  # count this cancellation and close the upstream connection
     drain: bool = False  # read the upstream to its end for its usage (--on-abandon drain), then close
     reply: Reply = Reply.NOTHING
     code: int = 0  # a refusal's own status where its reason has several (bad_request: 400, 405, 431, 505)
+    close: Close = Close.KEEP
 
     @property
     def status(self) -> int:
@@ -171,44 +88,53 @@ class Answer:
 
 _CANCEL_BY_REASON, _CANCEL_CLIENT, _NO_CANCEL = "by_reason", "client", None
 _FAIL = "fail"  # resolved to STATUS, FRAME or CUT by whether the exchange committed
+_FAIL_IF_ERROR = "fail_if_error"  # the guard's own verdict: nothing more when ok, else as `fail`
+_CLOSE_BY_REASON = "by_reason"  # resolved to NOW for the reasons below, else AFTER
+# Refusals after which the connection closes at once, as nginx does, rather than reading out the rest
+# of the request body: the client stopped sending it, or the proxy is going away.
+_CLOSES_NOW = frozenset({Reason.CLIENT_TIMEOUT, Reason.SHUTDOWN})
+_K, _A, _N = Close.KEEP, Close.AFTER, Close.NOW
 
-# (phase, event) -> (fixed reason or None for the event's own, cancel rule, reply)
-_TABLE: MappingProxyType[tuple[Phase, Event], tuple[Reason | None, str | None, str]] = MappingProxyType({
-    (Phase.RECEIVED, Event.REFUSED): (None, _NO_CANCEL, Reply.STATUS),
-    (Phase.RECEIVED, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _NO_CANCEL, Reply.NOTHING),
-    (Phase.RECEIVED, Event.INTERRUPTED): (Reason.SHUTDOWN, _NO_CANCEL, Reply.STATUS),
-    (Phase.AWAITING_HEADERS, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, Reply.STATUS),
-    (Phase.AWAITING_HEADERS, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING),
-    (Phase.AWAITING_HEADERS, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, Reply.STATUS),
-    (Phase.STREAMING, Event.GUARD_ENDED): (None, _CANCEL_BY_REASON, Reply.NOTHING),
-    (Phase.STREAMING, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, _FAIL),
-    (Phase.STREAMING, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING),
-    (Phase.STREAMING, Event.CLIENT_STALLED): (Reason.CLIENT_STALLED, _CANCEL_CLIENT, Reply.CUT),
-    (Phase.STREAMING, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, _FAIL),
-    (Phase.RESPONDING_WHOLE, Event.BODY_ENDED): (None, _NO_CANCEL, Reply.NOTHING),
-    (Phase.RESPONDING_WHOLE, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, _FAIL),
-    (Phase.RESPONDING_WHOLE, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING),
-    (Phase.RESPONDING_WHOLE, Event.CLIENT_STALLED): (Reason.CLIENT_STALLED, _CANCEL_CLIENT, Reply.CUT),
-    (Phase.RESPONDING_WHOLE, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, _FAIL),
+# (phase, event) -> (fixed reason or None for the event's own, cancel rule, reply, close)
+_TABLE: MappingProxyType[tuple[Phase, Event], tuple[Reason | None, str | None, str, str]] = MappingProxyType({
+    (Phase.RECEIVED, Event.REFUSED): (None, _NO_CANCEL, Reply.STATUS, _CLOSE_BY_REASON),
+    (Phase.RECEIVED, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _NO_CANCEL, Reply.NOTHING, _N),
+    (Phase.RECEIVED, Event.INTERRUPTED): (Reason.SHUTDOWN, _NO_CANCEL, Reply.STATUS, _N),
+    (Phase.AWAITING_HEADERS, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, Reply.STATUS, _K),
+    (Phase.AWAITING_HEADERS, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING, _N),
+    (Phase.AWAITING_HEADERS, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, Reply.STATUS, _N),
+    (Phase.STREAMING, Event.GUARD_ENDED): (None, _CANCEL_BY_REASON, _FAIL_IF_ERROR, _K),
+    (Phase.STREAMING, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, _FAIL, _K),
+    (Phase.STREAMING, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING, _N),
+    (Phase.STREAMING, Event.CLIENT_STALLED): (Reason.CLIENT_STALLED, _CANCEL_CLIENT, Reply.CUT, _N),
+    (Phase.STREAMING, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, _FAIL, _N),
+    (Phase.RESPONDING_WHOLE, Event.BODY_ENDED): (None, _NO_CANCEL, Reply.NOTHING, _K),
+    (Phase.RESPONDING_WHOLE, Event.UPSTREAM_FAILED): (None, _CANCEL_BY_REASON, _FAIL, _K),
+    (Phase.RESPONDING_WHOLE, Event.CLIENT_GONE): (Reason.CLIENT_DISCONNECT, _CANCEL_CLIENT, Reply.NOTHING, _N),
+    (Phase.RESPONDING_WHOLE, Event.CLIENT_STALLED): (Reason.CLIENT_STALLED, _CANCEL_CLIENT, Reply.CUT, _N),
+    (Phase.RESPONDING_WHOLE, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, _FAIL, _N),
 })
 _ENGAGED = frozenset({Phase.AWAITING_HEADERS, Phase.STREAMING, Phase.RESPONDING_WHOLE})
 _CANCEL_WORDS = {_NO_CANCEL: "no", _CANCEL_CLIENT: "yes (or drain, with --on-abandon drain)",
                  _CANCEL_BY_REASON: "by reason"}  # fmt: skip
-_REPLY_WORDS = {_FAIL: "fail: a status before the commit; after it a frame (stream) or a cut (whole body)"}
+_REPLY_WORDS = {_FAIL: "fail: a status before the commit; after it a frame (stream) or a cut (whole body)",
+                _FAIL_IF_ERROR: "nothing when ok; else fail (the guard words both the status and the frame)"}
+_CLOSE_WORDS = {_CLOSE_BY_REASON: "now for client_timeout and shutdown, else after the reply"}
 
 
-def transition_rows() -> list[tuple[str, str, str, str, str]]:
-    """The transition table in words: (phase, event, reason, cancel the upstream, tell the client).
+def transition_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """The transition table in words: (phase, event, reason, cancel the upstream, tell the client,
+    close the connection).
 
     Read by docs/architecture.md's generator, so that the documented table is the one the code runs.
     A `bug` event in any phase is `proxy_error`, not cancelling, and fails like any other ending.
     """
     rows = [
         (str(phase), str(event), str(reason) if reason else "the event's own", _CANCEL_WORDS[cancel],
-         _REPLY_WORDS.get(reply, str(reply)))
-        for (phase, event), (reason, cancel, reply) in _TABLE.items()
+         _REPLY_WORDS.get(reply, str(reply)), _CLOSE_WORDS.get(close, str(close)))
+        for (phase, event), (reason, cancel, reply, close) in _TABLE.items()
     ]  # fmt: skip
-    rows.append(("any", str(Event.BUG), str(Reason.PROXY_ERROR), "no", _REPLY_WORDS[_FAIL]))
+    rows.append(("any", str(Event.BUG), str(Reason.PROXY_ERROR), "no", _REPLY_WORDS[_FAIL], str(Close.KEEP)))
     return rows
 
 
@@ -222,7 +148,9 @@ class Lifecycle:
         self.phase = Phase.RECEIVED
         self.ended_in: Phase | None = None  # the phase the verdict was taken in
         self.ended: Answer | None = None
-        self.committed = False  # the client has the status line
+        # No status can replace the response's start any more: its head went out (the client writer),
+        # or a stream's 200 is due (the relay, when the guard asks for it). The only such flag.
+        self.committed = False
         self.drain_on_abandon = drain_on_abandon
 
     # ---- progress ---------------------------------------------------------------------------------
@@ -246,8 +174,8 @@ class Lifecycle:
     def upstream_failed(self, reason: Reason) -> Answer | None:
         return self._end(Event.UPSTREAM_FAILED, reason)
 
-    def guard_ended(self, outcome: str, reason: str) -> Answer | None:
-        answer = self._end(Event.GUARD_ENDED, Reason(reason))
+    def guard_ended(self, outcome: Outcome, reason: Reason) -> Answer | None:
+        answer = self._end(Event.GUARD_ENDED, reason)
         assert answer is None or REASONS[answer.reason][0] == outcome, (outcome, reason)
         return answer
 
@@ -274,48 +202,52 @@ class Lifecycle:
         if self.phase is not expected:
             raise RuntimeError(f"lifecycle: {to} from {self.phase}, expected {expected}")
         self.phase = to
-        self._record.phase = str(to)
+        self._record.phase = to
 
     def _end(self, event: Event, reason: Reason | None, code: int = 0) -> Answer | None:
         """The first ending fixes the verdict; later ones return None (already decided)."""
         if self.ended is not None:
             return None
         fixed: Reason | None
+        close: str
         if event is Event.BUG:
-            fixed, cancel_rule, reply = Reason.PROXY_ERROR, _NO_CANCEL, _FAIL
+            fixed, cancel_rule, reply, close = Reason.PROXY_ERROR, _NO_CANCEL, _FAIL, Close.KEEP
         else:
             try:
-                fixed, cancel_rule, reply = _TABLE[(self.phase, event)]
+                fixed, cancel_rule, reply, close = _TABLE[(self.phase, event)]
             except KeyError:
                 raise RuntimeError(f"lifecycle: no transition for {event} in {self.phase}") from None
         final = fixed or reason
         assert final is not None
         cancel, drain = self._cancel(cancel_rule, final)
-        answer = Answer(final, cancel, drain, self._reply(reply), code)
+        closing = Close(close) if close != _CLOSE_BY_REASON else Close.NOW if final in _CLOSES_NOW else Close.AFTER
+        answer = Answer(final, cancel, drain, self._reply(reply, final), code, closing)
         self.ended, self.ended_in = answer, self.phase
         self.phase = Phase.FINISHED
         record = self._record
-        record.outcome, record.reason = str(REASONS[final][0]), str(final)
+        record.outcome, record.reason = REASONS[final][0], final
         record.upstream_cancelled = cancel
         record.drained = drain
         record.settled_at = time.monotonic()
-        record.phase = str(self.ended_in)
+        record.phase = self.ended_in
         return answer
 
-    def _cancel(self, rule: str | None, reason: Reason) -> tuple[str | None, bool]:
+    def _cancel(self, rule: str | None, reason: Reason) -> tuple[Cancellation | None, bool]:
         if rule is None or self.phase not in _ENGAGED:
             return None, False
         if rule == _CANCEL_CLIENT:
             if self.drain_on_abandon and reason is Reason.CLIENT_DISCONNECT:
                 return None, True
-            return str(reason), False
+            return Cancellation(reason), False
         if reason in _CANCELS_AS_ITSELF:
-            return str(reason), False
+            return Cancellation(reason), False
         if self.phase is Phase.STREAMING and REASONS[reason][0] is Outcome.ERROR and reason is not Reason.PROXY_ERROR:
-            return str(Cancellation.UPSTREAM_ERROR), False  # the proxy ended the stream after an upstream failure
+            return Cancellation.UPSTREAM_ERROR, False  # the proxy ended the stream after an upstream failure
         return None, False
 
-    def _reply(self, reply: str) -> Reply:
+    def _reply(self, reply: str, reason: Reason) -> Reply:
+        if reply == _FAIL_IF_ERROR:
+            reply = Reply.NOTHING if REASONS[reason][0] is Outcome.OK else _FAIL
         if reply != _FAIL:
             return Reply(reply)
         if not self.committed:

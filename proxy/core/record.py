@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from proxy.core.dialects import Usage
 from proxy.core.latency import TokenGaps
+from proxy.core.verdicts import Cancellation, Outcome, Phase, Reason
 
 if TYPE_CHECKING:
     from proxy.core.resume import Resumer
@@ -27,20 +28,20 @@ class ExchangeRecord:
     api: str
     client: str | None
     started: float = field(default_factory=time.monotonic)
-    phase: str = "received"  # the lifecycle's phase; once finished, the one its verdict was taken in
+    phase: Phase = Phase.RECEIVED  # the lifecycle's phase; once finished, the one its verdict was taken in
     model: str | None = None
     stream: bool = False
     status: int | None = None
     upstream_status: int | None = None
-    outcome: str | None = None
-    reason: str | None = None
+    outcome: Outcome | None = None
+    reason: Reason | None = None
     first_content_at: float | None = None
     events: int = 0
     content_events: int = 0
     bytes_out: int = 0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    upstream_cancelled: str | None = None  # cancellation reason, when the proxy cancelled the upstream
+    upstream_cancelled: Cancellation | None = None  # cancellation reason, when the proxy cancelled the upstream
     rewrites: list[str] = field(default_factory=list)
     drained: bool = False  # --on-abandon drain read the upstream to its end after the client left
     client_request_id: str | None = None  # a client's X-Request-Id that was not usable as given

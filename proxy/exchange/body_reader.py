@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from proxy.exchange.failures import UpstreamFailure, stalled
+from proxy.exchange.flow import BodyBuffer
 from proxy.exchange.upstream import UpstreamLink
 
 __all__ = ["HIGH_WATER", "BodyReader"]
@@ -19,19 +20,11 @@ __all__ = ["HIGH_WATER", "BodyReader"]
 HIGH_WATER = 256 * 1024
 
 
-class BodyReader:
-    __slots__ = ("_eof", "_error", "_link", "_paused", "_pieces", "_size", "_tail_bytes", "_waiter", "high_water",
-                 "tail")  # fmt: skip
+class BodyReader(BodyBuffer):
+    __slots__ = ("_tail_bytes", "tail")
 
     def __init__(self, link: UpstreamLink, high_water: int = HIGH_WATER) -> None:
-        self._link = link
-        self._pieces: list[bytes] = []
-        self._size = 0
-        self._eof = False
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._paused = False
-        self.high_water = high_water
+        super().__init__(link, high_water)
         self.tail = b""  # the body's last bytes read, when asked to keep them
         self._tail_bytes = 0
         link.attach(self)
@@ -39,25 +32,17 @@ class BodyReader:
     # ---- BodySink -----------------------------------------------------------------------------------
 
     def body(self, data: bytes) -> None:
-        self._pieces.append(data)
-        self._size += len(data)
-        if self._size > self.high_water and not self._paused:
-            self._paused = True
-            self._link.pause_reading()
-        self._wake()
+        self.put(data)
 
     def end(self) -> None:
-        self._eof = True
-        self._wake()
+        self.put_eof()
 
     def failed(self, failure: UpstreamFailure) -> None:
-        self.interrupt(failure)
+        self.set_exception(failure)
 
     def interrupt(self, error: BaseException) -> None:
-        """The next (or the current) read raises `error` (a failure, or shutdown's `Interrupted`)."""
-        if self._error is None:
-            self._error = error
-        self._wake()
+        """The next (or the current) read raises `error` (a failure, or an `Interrupted`)."""
+        self.set_exception(error)
 
     # ---- the reading coroutine's side ---------------------------------------------------------------
 
@@ -66,36 +51,16 @@ class BodyReader:
         self._tail_bytes = size
         self.tail = start[-size:]
 
-    @property
-    def at_eof(self) -> bool:
-        return self._eof and not self._pieces
-
     async def read(self, idle: float) -> bytes:
         """What came since the last read; b"" at the end. Raises the failure, or a stall after `idle` s."""
-        if not self._pieces and not self._eof and self._error is None:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+        if not self.ready:
             try:
                 async with asyncio.timeout(idle):
-                    await waiter
+                    await self.wait()
             except TimeoutError:
                 raise stalled(idle) from None
-            finally:
-                self._waiter = None
-        if self._error is not None:
-            raise self._error
-        if not self._pieces:
-            return b""
-        pieces, self._pieces, self._size = self._pieces, [], 0
-        if self._paused:
-            self._paused = False
-            self._link.resume_reading()
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        if self._tail_bytes:
+        data = self.take()
+        if self._tail_bytes and data:
             size = self._tail_bytes
             self.tail = data[-size:] if len(data) >= size else (self.tail + data)[-size:]
         return data
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)

@@ -15,6 +15,8 @@ from typing import Protocol
 
 from multidict import CIMultiDictProxy
 
+from proxy.exchange.flow import BodyBuffer
+
 __all__ = ["BODY_HIGH_WATER", "ClientBody", "ClientChannel", "ClientRequest"]
 
 BODY_HIGH_WATER = 64 * 1024
@@ -39,81 +41,38 @@ class ClientChannel(Protocol):
     def resume_reading(self) -> None: ...
 
 
-class ClientBody:
+class ClientBody(BodyBuffer):
     """A request's body as it arrives; read by the exchange (`read_nowait`, `readany`)."""
 
-    __slots__ = ("_channel", "_eof", "_error", "_paused", "_pieces", "_size", "_waiter")
+    __slots__ = ()
 
     def __init__(self, channel: ClientChannel) -> None:
-        self._channel = channel
-        self._pieces: list[bytes] = []
-        self._size = 0
-        self._eof = False
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._paused = False
+        super().__init__(channel, BODY_HIGH_WATER)
 
     # ---- the connection's side ----------------------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
-        self._pieces.append(data)
-        self._size += len(data)
-        if self._size > BODY_HIGH_WATER and not self._paused:
-            self._paused = True
-            self._channel.pause_reading()
-        self._wake()
+        self.put(data)
 
     def feed_eof(self) -> None:
-        self._eof = True
-        self._wake()
-
-    def set_exception(self, error: BaseException) -> None:
-        """The next (or the current) read raises `error`: the client left, or shutdown came."""
-        if self._error is None:
-            self._error = error
-        self._wake()
+        self.put_eof()
 
     # ---- the exchange's side ------------------------------------------------------------------------
 
-    def is_eof(self) -> bool:
-        """The body was received to its end (what the framing announced)."""
-        return self._eof
-
-    def at_eof(self) -> bool:
-        return self._eof and not self._pieces
-
     def read_nowait(self) -> bytes:
-        if self._error is not None:
-            raise self._error
-        if not self._pieces:
-            return b""
-        pieces, self._pieces, self._size = self._pieces, [], 0
-        if self._paused:
-            self._paused = False
-            self._channel.resume_reading()
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return self.take()
 
     async def readany(self) -> bytes:
         """What came since the last read, waiting for it if nothing did; b"" at the end."""
-        while not self._pieces and not self._eof and self._error is None:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-        return self.read_nowait()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        await self.wait()
+        return self.take()
 
 
 class ClientRequest:
     """One request as the main port parsed it."""
 
-    __slots__ = ("channel", "content", "content_length", "headers", "keep_alive", "method", "path", "raw_path",
-                 "remote", "version")  # fmt: skip
+    __slots__ = ("_on_departure", "channel", "content", "content_length", "departed", "headers", "keep_alive",
+                 "method", "path", "raw_path", "remote", "version")  # fmt: skip
 
     def __init__(
         self, channel: ClientChannel, method: str, raw_path: str, path: str, version: tuple[int, int],
@@ -130,6 +89,21 @@ class ClientRequest:
         self.content = ClientBody(channel)
         length = headers.get("Content-Length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
+        self.departed = False
+        self._on_departure: _Hook | None = None
+
+    def on_departure(self, hook: _Hook) -> None:
+        """`hook` is the exchange's: called when the client leaves (at once if it has)."""
+        self._on_departure = hook
+        if self.departed:
+            hook()
+
+    def depart(self) -> None:
+        """The client's connection closed: an event to the exchange, not a cancel of its task."""
+        if not self.departed:
+            self.departed = True
+            if self._on_departure is not None:
+                self._on_departure()
 
     @property
     def scheme(self) -> str:

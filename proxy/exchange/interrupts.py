@@ -1,11 +1,13 @@
-"""Shutdown reaching an exchange as an event inside the wait it is in, not as a cancel.
+"""Shutdown, or the client's departure, reaching an exchange as an event inside the wait it is in,
+not as a task cancel.
 
 The server cannot know what a running exchange waits on; the exchange tells its `Interrupter` (the
-client's body, a `ClientBody`; an upstream body, read through a
-`BodyReader`; a stream relay, which takes it as an event; the wait for the upstream's headers,
-under its first-byte deadline) and `fire` wakes that wait: a reader raises `Interrupted`, a relay
-ends its stream, a deadline is moved to now. The exchange turns each into its lifecycle's
-`interrupted` event; a handler cancellation thus always means the client left.
+client's body, a `ClientBody`; an upstream body, read through a `BodyReader`; a stream relay, which
+takes it as an event; the wait for the upstream's headers, under its first-byte deadline) and `fire`
+wakes that wait with its `Cause`: a reader raises `Interrupted`, a relay ends its stream, a deadline
+is moved to now. The exchange turns each into its lifecycle's event (`told`): `interrupted` for
+shutdown, `client_gone` for a client that left (its connection fires it from `connection_lost`).
+The first cause wins, as the lifecycle's first ending does.
 """
 
 from __future__ import annotations
@@ -13,41 +15,66 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from enum import StrEnum
 
-__all__ = ["Interrupted", "Interrupter"]
+from proxy.core.lifecycle import Answer, Lifecycle
+
+__all__ = ["Cause", "Interrupted", "Interrupter", "told"]
+
+
+class Cause(StrEnum):
+    SHUTDOWN = "shutdown"  # shutdown's drain time is over
+    CLIENT_GONE = "client_gone"  # the client's connection closed
 
 
 class Interrupted(Exception):
-    """Shutdown's drain time is over."""
+    """The wait was interrupted: shutdown, or the client left (`cause`)."""
+
+    def __init__(self, cause: Cause = Cause.SHUTDOWN) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def told(life: Lifecycle, cause: Cause) -> Answer | None:
+    """The lifecycle's event for an interruption's cause."""
+    return life.interrupted() if cause is Cause.SHUTDOWN else life.client_gone()
 
 
 class Interrupter:
-    __slots__ = ("_deadline", "_on_fire", "fired")
+    __slots__ = ("_deadline", "_on_fire", "cause")
 
     def __init__(self) -> None:
-        self.fired = False
-        self._on_fire: Callable[[], None] | None = None
+        self.cause: Cause | None = None
+        self._on_fire: Callable[[Cause], None] | None = None
         self._deadline: asyncio.Timeout | None = None
 
-    def watch(self, on_fire: Callable[[], None]) -> None:
-        """What the exchange waits on now is woken by `on_fire` (at once if shutdown already came)."""
+    @property
+    def fired(self) -> bool:
+        return self.cause is not None
+
+    def error(self) -> Interrupted:
+        """What a wait raises once fired."""
+        return Interrupted(self.cause or Cause.SHUTDOWN)
+
+    def watch(self, on_fire: Callable[[Cause], None]) -> None:
+        """What the exchange waits on now is woken by `on_fire` (at once if fired already)."""
         self._on_fire, self._deadline = on_fire, None
-        if self.fired:
-            on_fire()
+        if self.cause is not None:
+            on_fire(self.cause)
 
     def watch_deadline(self, deadline: asyncio.Timeout) -> None:
         """The exchange waits under `deadline` (for the upstream's headers); firing moves it to now,
         and the wait's TimeoutError is then read as `Interrupted` (see `fired`)."""
         self._on_fire, self._deadline = None, deadline
-        if self.fired:
+        if self.cause is not None:
             deadline.reschedule(asyncio.get_running_loop().time())
 
-    def fire(self) -> None:
-        if self.fired:
+    def fire(self, cause: Cause = Cause.SHUTDOWN) -> None:
+        if self.cause is not None:
             return
-        self.fired = True
+        self.cause = cause
         if self._on_fire is not None:
-            self._on_fire()
+            self._on_fire(cause)
         if self._deadline is not None and not self._deadline.expired():
             with contextlib.suppress(RuntimeError):  # the wait just ended
                 self._deadline.reschedule(asyncio.get_running_loop().time())

@@ -57,7 +57,7 @@ async def read_body(
     content = request.content
     while True:
         chunk = content.read_nowait()  # what has come already needs no timer
-        if not chunk and not content.at_eof():
+        if not chunk and not content.at_eof:
             try:
                 async with asyncio.timeout(cfg.client_body_timeout):
                     chunk = await content.readany()

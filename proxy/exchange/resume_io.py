@@ -23,7 +23,7 @@ from proxy.core.guard import StreamGuard
 from proxy.core.resume import RETRYABLE_STATUSES, Resumer
 from proxy.core.resume.rules import retry_delay
 from proxy.exchange.failures import UpstreamFailure
-from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.interrupts import Interrupter
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink, UpstreamPool
 
 __all__ = ["ContinuationFailed", "Resuming", "continuation_headers", "open_continuation", "with_keepalives"]
@@ -59,7 +59,7 @@ async def open_continuation(
             link, head = await pool.request("POST", target, headers, body)
     except TimeoutError as exc:
         if interrupter.fired:
-            raise Interrupted() from exc
+            raise interrupter.error() from exc
         raise ContinuationFailed(f"the upstream sent no response headers within {first_byte_timeout:g} s") from None
     except UpstreamFailure as exc:
         raise ContinuationFailed(exc.message) from exc
@@ -132,4 +132,4 @@ class Resuming:
         except TimeoutError:
             pass
         if self.interrupter.fired:
-            raise Interrupted()
+            raise self.interrupter.error()

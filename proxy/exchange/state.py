@@ -1,4 +1,6 @@
-"""Typed application state for the proxy app: one object under one `web.AppKey`, no globals."""
+"""The proxy's state, built once and passed in: config, books, the upstream pool, the body budget,
+the exchanges in flight (for shutdown's interrupt), background tasks; no globals. The aiohttp
+session is the admin port's (its health check of the upstream) and the cancel hooks'."""
 
 from __future__ import annotations
 

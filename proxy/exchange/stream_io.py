@@ -3,8 +3,8 @@
 The relay (proxy/exchange/stream_relay.py) does the per-event work from the upstream connection's
 callbacks; the handler's coroutine wakes only for what needs awaiting: sending the status line (at
 once with --hold-headers 0, else when the guard commits), the end of the body, a failure sent as a
-real status, or the client's departure. Once the status line is out nothing here lets a second
-response into the body: a failure ends in the guard's error frame.
+real status, or the client's departure. What the client is told is the lifecycle's answer, carried
+out by the relay (`reply.carry_out`); this side lets the client take it in (`reply.settle`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from proxy.core.guard import StreamGuard
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Lifecycle
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.client_io import ClientGone, ClientStalled, ClientWriter, ResponseHead
+from proxy.exchange.client_writer import ClientGone, ClientWriter, ResponseHead
 from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.reply import settle
 from proxy.exchange.resume_io import Resuming, with_keepalives
 from proxy.exchange.stream_relay import KEEPALIVE, Need, StreamRelay, count_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink
@@ -61,30 +62,23 @@ async def relay_stream(
     response = stream_response(head)
     if cfg.hold_headers <= 0:
         await out.commit(response)
-    relay = StreamRelay(link, guard, life, ex, cfg, client=out if life.committed else None)
+    relay = StreamRelay(link, guard, life, ex, cfg, out)
     interrupter.watch(relay.interrupt)
     link.attach(relay)
     try:
         while True:
             need = await relay.wait()
             if need is Need.COMMIT:
-                await out.commit(response)
-                relay.committed(out)
-            elif need is Need.END:
-                await out.finish()
-                return
-            elif need is Need.FAILURE:
-                failure = relay.failure
-                assert failure is not None
-                await out.whole(failure.status, failure.body, failure.headers)
+                out.commit_now(response)  # (the relay hears a client that stops reading: no wait here)
+                relay.committed()
+            elif need is Need.DONE:  # the relay carried out the lifecycle's answer
+                if relay.settle:
+                    assert life.ended is not None
+                    await settle(out, life.ended)
                 return
             elif need is Need.RESUME:
                 assert resuming is not None
                 await _resume(relay, resuming, guard, cfg, interrupter)
-            elif need is Need.STALLED:
-                raise ClientStalled
-            elif need is Need.GONE:
-                raise ClientGone("the client closed the connection")
             else:
                 assert relay.bug is not None
                 raise relay.bug
@@ -109,9 +103,9 @@ async def _resume(
 
     try:
         link = await with_keepalives(resuming.carry_on(guard, reason), keepalive, cfg.keepalive_interval)
-    except Interrupted:
+    except Interrupted as exc:
+        relay.give_up_for(exc.cause)
         interrupter.watch(relay.interrupt)
-        relay.give_up_for_shutdown()
         return
     interrupter.watch(relay.interrupt)
     if link is None:

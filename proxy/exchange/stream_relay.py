@@ -4,55 +4,66 @@ The relay is the upstream body's sink. Each piece goes through the sans-IO `Stre
 the guard says to write goes out in one `transport.write` on the client's socket, from the same
 callback. Flow control both ways: when the client's transport passes its high-water mark it
 pauses the upstream's reading, and resumes it when the client has drained (and, after
---client-stall-timeout without draining, the client counts as gone). One timer per stream carries
-the hold window, the idle timeout and the keep-alive comments, re-armed only when it fires.
+--client-stall-timeout without draining, the client counts as stalled). One timer per stream
+carries the hold window, the idle timeout and the keep-alive comments, re-armed only when it fires.
+
+The relay decides nothing. Every ending is an event to the lifecycle (the guard's verdict, the
+upstream's socket failing, a stall, shutdown, a write the client is gone for), and the lifecycle's
+answer is carried out at once, from the callback, by `reply.carry_out`: the guard words a failure
+both ways, and the answer takes its frame once the exchange is committed (`Lifecycle.committed`,
+the only such flag: set here when the guard asks for the 200), its status before, or a cut.
 
 The handler's coroutine wakes only when the relay needs it: to send the status line and headers
 (`Need.COMMIT`; the upstream is paused meanwhile and what the guard said after is kept in order),
-to finish the response (`END`), to send a failure as a real status (`FAILURE`), when the client
-left or stalled (`GONE`, `STALLED`), or, with --resume-on-cut, to send a continuation (`RESUME`: the
-upstream broke and the guard asked to continue; `relink` then carries on with the continuation's
-connection, `give_up` ends as the stream would have without the flag). The verdicts are the
-lifecycle's and the guard's; the relay only turns socket facts into their inputs.
+when the exchange is over (`DONE`: let the client take the reply in, close as the answer says), or,
+with --resume-on-cut, to send a continuation (`RESUME`: the upstream broke and the guard asked to
+continue; `relink` then carries on with the continuation's connection, `give_up` ends as the stream
+would have without the flag), or for a bug of ours (`BUG`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from enum import Enum
-from typing import Protocol
+from typing import ParamSpec
 
 from proxy.config import Config
 from proxy.core.guard import Failure, Step, StreamGuard
-from proxy.core.lifecycle import Lifecycle, Reason, Reply
+from proxy.core.lifecycle import Answer, Close, Lifecycle, Outcome, Reason, Reply
 from proxy.core.record import ExchangeRecord
+from proxy.exchange.client_writer import ClientWriter
 from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.interrupts import Cause, told
+from proxy.exchange.reply import carry_out
 from proxy.exchange.upstream import UpstreamLink
 
-__all__ = ["KEEPALIVE", "ClientSide", "Need", "StreamRelay", "count_stream"]
+__all__ = ["KEEPALIVE", "Need", "StreamRelay", "count_stream"]
 
 KEEPALIVE = b": keep-alive\n\n"
+_P = ParamSpec("_P")
+
+
+class Line(Enum):
+    """Where the stream's status line is: held (a failure may still be a status), due (committed:
+    the handler sends it), sent (on the client's transport)."""
+
+    HELD = "held"
+    DUE = "due"
+    SENT = "sent"
 
 
 class Need(Enum):
     COMMIT = "commit"
-    END = "end"
-    FAILURE = "failure"
-    GONE = "gone"
-    STALLED = "stalled"
+    DONE = "done"
     RESUME = "resume"
     BUG = "bug"
 
 
-class ClientSide(Protocol):
-    """The client's socket once the status line is out: raw writes, and its flow-control events."""
-
-    def write_raw(self, data: bytes) -> bool:
-        """Write `data` as the next piece of the body (framed as the response needs); False if gone."""
-
-    def on_flow(self, paused: object, drained: object) -> None:
-        """Call `paused()` when the client's buffer passes its high-water mark, `drained()` after."""
+def _after_the_line(answer: Answer) -> bool:
+    """Whether carrying out `answer` writes into the body (a frame, its last events), after the 200."""
+    return answer.reply is Reply.FRAME or (answer.reply is Reply.NOTHING and answer.close is Close.KEEP)
 
 
 def count_stream(guard: StreamGuard, ex: ExchangeRecord) -> None:
@@ -65,35 +76,34 @@ def count_stream(guard: StreamGuard, ex: ExchangeRecord) -> None:
 
 
 class StreamRelay:
-    __slots__ = ("_asked", "_broke", "_client", "_clock", "_final", "_guard", "_hold_until", "_idle",
-                 "_interval", "_last_heard", "_last_sent", "_life", "_link", "_loop", "_paused", "_pending",
-                 "_pending_done", "_stall", "_stall_timer", "_waiter", "bug", "ex", "failure",
-                 "resume_reason")  # fmt: skip
+    __slots__ = ("_broke", "_clock", "_ending", "_final", "_guard", "_hold_until", "_idle", "_interval", "_last_heard",
+                 "_last_sent", "_life", "_line", "_link", "_loop", "_out", "_paused", "_pending", "_stall",
+                 "_stall_timer", "_waiter", "bug", "ex", "resume_reason", "settle")  # fmt: skip
 
     def __init__(
         self, link: UpstreamLink, guard: StreamGuard, life: Lifecycle, ex: ExchangeRecord, cfg: Config,
-        *, client: ClientSide | None,
+        out: ClientWriter,
     ) -> None:
         self._loop = loop = asyncio.get_running_loop()
         self._link, self._guard, self._life, self.ex = link, guard, life, ex
+        self._out: ClientWriter | None = out
         self._idle, self._interval, self._stall = cfg.idle_timeout, cfg.keepalive_interval, cfg.client_stall_timeout
         now = loop.time()
         self._last_heard = self._last_sent = now
         self._hold_until = now + cfg.hold_headers
-        self._client = client  # set once the status line is out (the lifecycle's `committed`)
-        self._asked = False  # Need.COMMIT is out; the upstream is paused until `committed`
-        self._pending: list[bytes] = []
-        self._pending_done = False
+        self._line = Line.SENT if life.committed else Line.HELD
+        self._pending: list[bytes] = []  # what the guard said before the status line was out
+        self._ending: tuple[Answer, Failure | None] | None = None  # an ending that waits for the status line
         self._final: Need | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False  # by the client's flow control
         self._stall_timer: asyncio.TimerHandle | None = None
-        self.failure: Failure | None = None
         self.bug: BaseException | None = None
+        self.settle = False  # Need.DONE: the reply leaves the connection up, for `reply.settle`
         self._broke: Reason | None = None  # a failure of the upstream's socket, told to the lifecycle if it ends
-        self.resume_reason: str | None = None  # Need.RESUME: why the stream broke
-        if client is not None:
-            client.on_flow(self._client_paused, self._client_drained)
+        self.resume_reason: Reason | None = None  # Need.RESUME: why the stream broke
+        if self._line is Line.SENT:
+            out.on_flow(self._client_paused, self._client_drained)
         self._clock: asyncio.TimerHandle | None = loop.call_at(self._deadline(), self._tick)
 
     # ---- BodySink: the upstream connection's callbacks ----------------------------------------------
@@ -114,17 +124,22 @@ class StreamRelay:
 
     # ---- shutdown, and the handler's side ------------------------------------------------------------
 
-    def interrupt(self) -> None:
-        if self._final is None:
-            answer = self._life.interrupted()  # the guard words it: a frame after the commit, a 503 before
-            self._run(self._guard.fail, Reason.SHUTDOWN if answer is None else answer.reason)
+    def interrupt(self, cause: Cause) -> None:
+        """Shutdown, or the client left: the lifecycle's event, its answer carried out at once."""
+        if self._final is not None:
+            return
+        answer = told(self._life, cause)
+        if cause is Cause.CLIENT_GONE:  # (as the upstream's sink.failed: one event, carried out now)
+            self._conclude(answer, b"", None)
+            return
+        self._run(self._guard.fail, Reason.SHUTDOWN if answer is None else answer.reason)  # the guard words it
 
     async def wait(self) -> Need:
         """Until the handler has something to do."""
         while True:
             if self._final is not None:
                 return self._final
-            if self._asked and self._client is None:
+            if self._line is Line.DUE:
                 return Need.COMMIT
             waiter = self._waiter = self._loop.create_future()
             try:
@@ -132,17 +147,23 @@ class StreamRelay:
             finally:
                 self._waiter = None
 
-    def committed(self, client: ClientSide) -> None:
-        """The status line is out: send what the guard said meanwhile, and read on."""
-        self._client = client
-        client.on_flow(self._client_paused, self._client_drained)
+    def committed(self) -> None:
+        """The status line was just handed to the transport: send what the guard said meanwhile, and
+        read on (or end, if the stream ended meanwhile)."""
+        out = self._out
+        assert out is not None
+        assert self._line is Line.DUE
+        self._line = Line.SENT
+        out.on_flow(self._client_paused, self._client_drained)
         pending, self._pending = self._pending, []
         data = pending[0] if len(pending) == 1 else b"".join(pending)
-        if data:
-            self._write(data)
-        if self._pending_done:
-            self._finish(Need.END)
-        elif self.resume_reason is not None:
+        if self._ending is not None:
+            answer, failure = self._ending
+            self._conclude(answer, data, failure)
+            return
+        if data and not self._write(data):
+            return
+        if self.resume_reason is not None:
             self._finish(Need.RESUME)
         elif self._final is None:
             if not self._paused:
@@ -169,88 +190,112 @@ class StreamRelay:
         self._final = None
         self._run(self._guard.give_up)
 
-    def give_up_for_shutdown(self) -> None:
-        """Shutdown came while a continuation was awaited: the stream ends with `shutdown`."""
+    def give_up_for(self, cause: Cause) -> None:
+        """Shutdown came (or the client left) while a continuation was awaited."""
         self._final = None
-        answer = self._life.interrupted()  # the guard words it: a frame after the commit, a 503 before
-        self._run(self._guard.fail, Reason.SHUTDOWN if answer is None else answer.reason)
+        self.interrupt(cause)
 
     def keepalive(self) -> bool:
         """A keep-alive comment now, while a continuation is awaited; False when the client is gone."""
-        client = self._client
-        if client is None or not self._guard.keepalive_safe:
+        if self._line is not Line.SENT or not self._guard.keepalive_safe:
             return True
-        if not client.write_raw(KEEPALIVE):
-            return False
-        self.ex.bytes_out += len(KEEPALIVE)
-        return True
+        return self._write(KEEPALIVE)
 
     def stop(self) -> None:
         """The exchange is over: no timer stays armed, no callback reaches the client."""
         if self._final is None:
-            self._final = Need.GONE
+            self._final = Need.DONE
         self._cancel_timers()
-        self._client = None  # (no cycle keeps the exchange's objects alive once it is over)
+        self._out = None  # (no cycle keeps the exchange's objects alive once it is over)
 
     # ---- internals --------------------------------------------------------------------------------
 
-    def _run(self, call: object, *args: object) -> None:
+    def _run(self, call: Callable[_P, Step], *args: _P.args, **kwargs: _P.kwargs) -> None:
         try:
-            step: Step = call(*args)  # type: ignore[operator]
-            self._carry(step)
+            self._carry(call(*args, **kwargs))
         except Exception as exc:  # a bug of ours: the handler answers it (a 500 or an error frame)
             self.bug = exc
             self._finish(Need.BUG)
 
     def _carry(self, step: Step) -> None:
-        ex, life = self.ex, self._life
+        ex = self.ex
         if step.content_events:
             now = time.monotonic()
             if step.first_content and ex.first_content_at is None:
                 ex.first_content_at = now
             ex.note_content(now, step.content_events)
+        if step.commit and self._line is Line.HELD:
+            self._ask()  # (before an ending in the same step: the content before it commits the 200)
         if step.done:
-            # The upstream's socket failed: its reason, its cancellation; else the guard's own verdict.
-            # Either way the guard's step is the reply (a frame after the commit, a status before, or
-            # nothing more), carried out below.
-            if self._broke is not None:
-                ended = life.upstream_failed(self._broke)
-            else:
-                ended = life.guard_ended(step.outcome or "error", step.reason or Reason.PROXY_ERROR)
-            assert ended is None or ended.reply is not Reply.CUT, ended  # (a stream is never cut for its upstream)
+            self._ended(step)
+            return
+        sent = self._line is Line.SENT
         if step.resume is not None:  # --resume-on-cut: nothing more from this upstream
             self.resume_reason = step.resume
             self._link.pause_reading()
-            if self._client is not None:
-                if step.data:
-                    self._write(step.data)
-                self._finish(Need.RESUME)
+            if sent:
+                if not step.data or self._write(step.data):
+                    self._finish(Need.RESUME)
                 return
             # (else the status line is due first: `committed` asks for the continuation after it)
-        if self._client is None:
-            if step.failure is not None and not self._asked:
-                self.failure = step.failure
-                self._finish(Need.FAILURE)
-                return
-            if step.commit or step.data or step.done or self._asked:
+        if not sent:
+            if step.commit or step.data or self._line is Line.DUE:
                 self._pending.append(step.data)
-                self._pending_done = self._pending_done or step.done
-                if not self._asked:
-                    self._asked = True
-                    self._link.pause_reading()  # nothing more until the status line is out
-                    self._wake()
+                self._ask()
             return
         if step.data:
             self._write(step.data)
-        if step.done:
-            self._finish(Need.END)
 
-    def _write(self, data: bytes) -> None:
-        client = self._client
-        if client is None or not client.write_raw(data):
-            self._finish(Need.GONE)
-            return
-        self.ex.bytes_out += len(data)
+    def _ended(self, step: Step) -> None:
+        """The guard's final step: the lifecycle's verdict on it, and its answer carried out."""
+        life = self._life
+        # The upstream's socket failed: its reason, its cancellation; else the guard's own verdict.
+        if self._broke is not None:
+            life.upstream_failed(self._broke)
+        else:
+            life.guard_ended(step.outcome or Outcome.ERROR, step.reason or Reason.PROXY_ERROR)
+        answer = life.ended  # (this step's, or the earlier ending's: shutdown, the client gone)
+        assert answer is not None
+        assert answer.reply is not Reply.CUT or answer.reason is Reason.CLIENT_STALLED, answer
+        if answer.reply is Reply.STATUS:  # nothing was committed: what the guard released is not sent
+            self._pending = []
+            self._guard.status_instead()
+            self._conclude(answer, b"", step.failure)
+        elif self._line is Line.SENT or not _after_the_line(answer):
+            self._conclude(answer, step.data, step.failure)
+        else:  # (an ending while the status line is due: it is carried out just after it)
+            self._pending.append(step.data)
+            self._ending = (answer, step.failure)
+            self._ask()
+
+    def _conclude(self, answer: Answer | None, data: bytes, failure: Failure | None) -> None:
+        """Carry out the answer (`reply.carry_out`); the handler then settles it."""
+        out = self._out
+        if out is not None:
+            body_end = answer is not None and answer.reply is Reply.NOTHING and answer.close is Close.KEEP
+            if body_end and data and not self._write(data):
+                return  # (the client left during the last write: carried out as its departure)
+            try:
+                self.settle = carry_out(out, answer, dialect=self._guard.dialect, frame=data, failure=failure)
+            except ConnectionError:  # the client's socket closed under the status
+                out.cut()
+                self.settle = False
+        self._finish(Need.DONE)
+
+    def _ask(self) -> None:
+        if self._line is Line.HELD:
+            self._line = Line.DUE
+            self._life.committed_now()  # no status can replace the 200 from here: a failure is a frame
+            self._link.pause_reading()  # nothing more until the status line is out
+            self._wake()
+
+    def _write(self, data: bytes) -> bool:
+        """A piece of the body to the client; False when it is gone (and that was carried out)."""
+        out = self._out
+        if out is None or not out.write_raw(data):
+            self._conclude(self._life.client_gone(), b"", None)
+            return False
+        return True
 
     def _client_paused(self) -> None:
         if self._final is None and not self._paused:
@@ -271,12 +316,12 @@ class StreamRelay:
     def _stalled(self) -> None:
         self._stall_timer = None
         if self._final is None:
-            self._finish(Need.STALLED)
+            self._conclude(self._life.client_stalled(), b"", None)
 
     def _deadline(self) -> float:
         stall = self._last_heard + self._idle
-        if self._client is None:
-            return stall if self._asked else min(stall, self._hold_until)
+        if self._line is not Line.SENT:
+            return stall if self._line is Line.DUE else min(stall, self._hold_until)
         if self._interval:
             return min(stall, max(self._last_heard, self._last_sent) + self._interval)
         return stall
@@ -292,13 +337,14 @@ class StreamRelay:
         if self._final is not None:
             return
         now = self._loop.time()
-        if self._paused or (self._asked and self._client is None):
+        line = self._line
+        if self._paused or line is Line.DUE:
             self._last_heard = now  # waiting on the client, not on the upstream
         if now >= self._last_heard + self._idle:
             self._broke = Reason.STALL_TIMEOUT
             self._run(self._guard.fail, Reason.STALL_TIMEOUT)
-        elif self._client is None:
-            if not self._asked and now >= self._hold_until:
+        elif line is not Line.SENT:
+            if line is Line.HELD and now >= self._hold_until:
                 self._run(self._guard.commit)
         elif self._interval and now >= max(self._last_heard, self._last_sent) + self._interval:
             self._last_sent = now

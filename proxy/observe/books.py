@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from proxy.core.latency import TokenGaps
+from proxy.core.lifecycle import Outcome, Phase, Reason
 from proxy.core.record import ExchangeRecord
 from proxy.observe.metrics import Metrics
 
@@ -37,17 +38,17 @@ def is_scrape(ex: ExchangeRecord) -> bool:
 
 def log_level(outcome: str, reason: str) -> str:
     """The level of a request line: what a `--log-level warning` deployment must still see is a failure."""
-    if outcome != "error":
+    if outcome != Outcome.ERROR:
         return "info"
-    return "error" if reason == "proxy_error" else "warning"
+    return "error" if reason == Reason.PROXY_ERROR else "warning"
 
 
 def abort_phase(ex: ExchangeRecord) -> str:
     """Where the client left, from the phase the lifecycle took its verdict in: before any upstream
     answer, before a stream's first content (held or committed), mid-stream, or during a whole body."""
-    if ex.phase == "streaming":
+    if ex.phase == Phase.STREAMING:
         return "before_first_token" if ex.first_content_at is None else "mid_stream"
-    if ex.phase == "responding_whole":
+    if ex.phase == Phase.RESPONDING_WHOLE:
         return "whole_body"
     return "before_headers"
 
@@ -93,7 +94,7 @@ class Books:
         m = self.metrics
         now = time.monotonic()
         model = m.models.label(ex.model)
-        outcome, reason = ex.outcome or "error", ex.reason or "proxy_error"  # nothing settled: our bug
+        outcome, reason = ex.outcome or Outcome.ERROR, ex.reason or Reason.PROXY_ERROR  # nothing settled: our bug
         child = self._child
         child(m.inflight, ex.api).dec()
         child(m.requests, ex.api, model, outcome, reason).inc()
@@ -110,8 +111,8 @@ class Books:
         if ex.resumer is not None:
             for broke, result in ex.resumer.decisions:
                 m.stream_resumes.labels(api=ex.api, reason=broke, result=result).inc()
-        phase = self._count_abort(ex, now) if outcome == "aborted" else None
-        if outcome == "ok" and ex.gaps is not None:
+        phase = self._count_abort(ex, now) if outcome is Outcome.ABORTED else None
+        if outcome is Outcome.OK and ex.gaps is not None:
             self.count_latency(ex.api, ex.gaps)
         usage_source = self._count_tokens(ex, model)
         extra: dict[str, Any] = {}

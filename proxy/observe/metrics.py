@@ -21,8 +21,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from proxy import __version__
-from proxy.core.latency import ITL_BUCKETS, GapHistogram
+from proxy.core.latency import ITL_BUCKETS
 from proxy.core.lifecycle import Cancellation
+from proxy.observe.gaps import GapHistogram
 
 __all__ = [
     "ABORT_PHASES", "APIS", "CANCELLATION_REASONS", "CANCEL_HOOK_FAILURE_REASONS", "CONTENT_TYPE_LATEST",
@@ -32,9 +33,11 @@ __all__ = [
 
 APIS = ("chat_completions", "completions", "responses", "messages", "embeddings", "models", "other")
 CANCELLATION_REASONS = tuple(str(reason) for reason in Cancellation)
-# Issue 22 adds: `invalid_id` (an id too long, or not UTF-8 for a JSON body: not sent), `dropped` (past
-# the hooks' in-flight bound), `cut` (in flight when shutdown's drain ended), `error` (a bug in a hook).
-# `invalid_body` is no longer produced (a placeholder is always a JSON string now); its series stays.
+# Besides the call's own failures: `invalid_id` (an id too long, or not UTF-8 for a JSON body: not
+# sent), `dropped` (past the hooks' in-flight bound), `cut` (in flight when shutdown's drain ended),
+# `error` (a bug in a hook).
+# `invalid_body` is not produced (a placeholder is always a JSON string); its series is kept for the
+# dashboards and alerts that name it.
 CANCEL_HOOK_FAILURE_REASONS = (
     "timeout", "connect_failed", "http_status", "invalid_body", "invalid_id", "dropped", "cut", "error",
 )

@@ -8,7 +8,7 @@ import aiohttp
 
 from proxy.config import Config
 from proxy.exchange.client import ClientRequest
-from proxy.exchange.forward import handle
+from proxy.exchange.handler import handle
 from proxy.exchange.state import ProxyState
 from proxy.observe.books import Books
 from proxy.observe.logs import make_logger
@@ -62,7 +62,7 @@ def build_state(config: Config, *, metrics: Metrics | None = None, logger: Any =
 
 
 def build_main_server(state: ProxyState, max_connections: int | None = None) -> MainPort:
-    """The main port: every method and path goes to one exchange (proxy/exchange/forward.py)."""
+    """The main port: every method and path goes to one exchange (proxy/exchange/handler.py)."""
     cfg = state.config
     rules = ConnectionRules(
         header_timeout=cfg.client_header_timeout,

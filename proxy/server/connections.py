@@ -1,10 +1,11 @@
 """The main port's client connections: an asyncio protocol per connection, requests parsed by llhttp.
 
-Each request becomes a `ClientRequest` handed to one exchange task (`proxy.exchange.forward.handle`);
+Each request becomes a `ClientRequest` handed to one exchange task (`proxy.exchange.handler.handle`);
 its body arrives from this protocol's callbacks, and the exchange writes its answer straight to the
 transport. One request is answered at a time: a pipelined one waits, parsed, until the one before it
-is answered (reading pauses meanwhile), so answers go out in order. A client that leaves cancels its
-exchange's task, which cancels the upstream. The per-connection rules are nginx's defaults:
+is answered (reading pauses meanwhile), so answers go out in order. A client that leaves is an event
+to its exchange (`ClientRequest.depart`), which ends it and cancels the upstream. The
+per-connection rules are nginx's defaults:
 
 - `--client-header-timeout`: the request line and headers must arrive within it (from the accept,
   or from the first byte of a keep-alive connection's next request); else 408 and close. An idle
@@ -17,7 +18,7 @@ exchange's task, which cancels the upstream. The per-connection rules are nginx'
 - a response that leaves the request body unread (a 413, say) closes the connection after reading
   and discarding the rest for at most 5 s (nginx's lingering close), so the client sees the answer.
 
-Each refusal is a lifecycle's `refused` verdict (`proxy.exchange.answers.refuse_connection`): its
+Each refusal is a lifecycle's `refused` verdict (`proxy.exchange.reply.refuse_connection`): its
 status is written straight to the socket (no request is in progress on it, so no response can be
 interleaved), and it is counted and logged by the books like any other exchange.
 """
@@ -37,8 +38,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.http_head import HeadScanner, HeadTooLarge, request_line_refusal
 from proxy.core.lifecycle import Reason
-from proxy.exchange.answers import refuse_connection
 from proxy.exchange.client import ClientRequest
+from proxy.exchange.reply import refuse_connection
 from proxy.observe.books import Books
 
 __all__ = ["LINGERING_SECONDS", "ClientConnection", "ConnectionRules", "MainPort"]
@@ -70,7 +71,8 @@ class MainPort:
 
     async def close(self, grace: float) -> None:
         """Shutdown's end: idle connections close; exchanges still running get `grace` seconds, then
-        their connections are cut (which cancels them) and their books are written."""
+        their connections are cut (their exchanges hear it as the client's departure) and their books
+        are written."""
         for connection in list(self.connections):
             connection.close_if_idle()
         running = self._running()
@@ -81,6 +83,8 @@ class MainPort:
         running = self._running()
         if running:
             await asyncio.wait(running, timeout=grace)
+        for task in self._running():  # (what no event ended: shutdown's last resort, a cancel)
+            task.cancel()
 
     def _running(self) -> set[asyncio.Task[None]]:
         return {c.task for c in self.connections if c.task is not None and not c.task.done()}
@@ -167,8 +171,8 @@ class ClientConnection(asyncio.Protocol):
         for request in (self._current, self._parsing, *self._queue):
             if request is not None and request not in self._complete:
                 request.content.set_exception(ConnectionResetError("the client closed the connection"))
-        if self._task is not None and not self._task.done():
-            self._task.cancel()  # the client left: its exchange ends (and cancels the upstream)
+        if self._current is not None:
+            self._current.depart()  # the client left: an event to its exchange (which cancels the upstream)
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionResetError("the client closed the connection"))

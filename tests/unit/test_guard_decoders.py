@@ -94,7 +94,7 @@ def guarded(name: str, upstream: bytes, end: str | None = "eof") -> bytes:
         steps.append(guard.end_of_stream())
     elif end is not None:
         steps.append(guard.fail(end))
-    assert guard.committed
+    assert guard.released
     return b"".join(step.data for step in steps)
 
 

@@ -10,10 +10,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.core.dialects import for_request
 from proxy.core.guard import StreamGuard
-from proxy.core.latency import ITL_BUCKETS, GapHistogram, TokenGaps
+from proxy.core.latency import ITL_BUCKETS, TokenGaps
 from proxy.core.lifecycle import Lifecycle, Phase
 from proxy.core.record import ExchangeRecord
 from proxy.observe.books import abort_phase
+from proxy.observe.gaps import GapHistogram
 
 
 def test_gaps_between_writes_and_zero_inside_one_write() -> None:

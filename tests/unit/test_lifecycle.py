@@ -8,7 +8,7 @@ import pytest
 
 from proxy.core.dialects import DIALECTS
 from proxy.core.guard import StreamGuard
-from proxy.core.lifecycle import REASONS, Answer, Event, Lifecycle, Outcome, Phase, Reason, Reply
+from proxy.core.lifecycle import REASONS, Answer, Close, Event, Lifecycle, Outcome, Phase, Reason, Reply
 from proxy.core.record import ExchangeRecord
 
 R = Reason
@@ -62,9 +62,9 @@ CASES = [
     (Phase.AWAITING_HEADERS, Event.BUG, None, False, R.PROXY_ERROR, "error", None, Reply.STATUS),
     (Phase.STREAMING, Event.GUARD_ENDED, R.COMPLETE, True, R.COMPLETE, "ok", None, Reply.NOTHING),
     (Phase.STREAMING, Event.GUARD_ENDED, R.STRAY_HTTP_BLOCK, True, R.STRAY_HTTP_BLOCK, "error", "upstream_error",
-     Reply.NOTHING),
+     Reply.FRAME),
     (Phase.STREAMING, Event.GUARD_ENDED, R.UPSTREAM_ABORTED, False, R.UPSTREAM_ABORTED, "error", "upstream_error",
-     Reply.NOTHING),
+     Reply.STATUS),
     (Phase.STREAMING, Event.UPSTREAM_FAILED, R.STALL_TIMEOUT, True, R.STALL_TIMEOUT, "error", "stall_timeout",
      Reply.FRAME),
     (Phase.STREAMING, Event.UPSTREAM_FAILED, R.STALL_TIMEOUT, False, R.STALL_TIMEOUT, "error", "stall_timeout",
@@ -108,10 +108,40 @@ def test_transition(
 ) -> None:
     life, ex = _at(phase, committed=committed)
     answer = _fire(life, event, given)
-    assert answer == Answer(reason, cancel, False, reply)
+    assert answer is not None
+    assert (answer.reason, answer.cancel, answer.drain, answer.reply) == (reason, cancel, False, reply)
     assert (ex.outcome, ex.reason, ex.upstream_cancelled, ex.phase) == (outcome, reason, cancel, phase)
     assert life.phase is Phase.FINISHED
     assert life.ended_in is phase
+
+
+CLOSES = [
+    (Phase.RECEIVED, Event.REFUSED, R.BODY_TOO_LARGE, Close.AFTER),  # (its body is read out first)
+    (Phase.RECEIVED, Event.REFUSED, R.BAD_REQUEST, Close.AFTER),
+    (Phase.RECEIVED, Event.REFUSED, R.CLIENT_TIMEOUT, Close.NOW),  # as nginx: no lingering read of a slow body
+    (Phase.RECEIVED, Event.REFUSED, R.SHUTDOWN, Close.NOW),
+    (Phase.RECEIVED, Event.INTERRUPTED, None, Close.NOW),
+    (Phase.RECEIVED, Event.CLIENT_GONE, None, Close.NOW),
+    (Phase.AWAITING_HEADERS, Event.UPSTREAM_FAILED, R.CONNECT_FAILED, Close.KEEP),
+    (Phase.AWAITING_HEADERS, Event.INTERRUPTED, None, Close.NOW),
+    (Phase.STREAMING, Event.GUARD_ENDED, R.COMPLETE, Close.KEEP),
+    (Phase.STREAMING, Event.UPSTREAM_FAILED, R.STREAM_CUT, Close.KEEP),
+    (Phase.STREAMING, Event.CLIENT_STALLED, None, Close.NOW),
+    (Phase.STREAMING, Event.INTERRUPTED, None, Close.NOW),
+    (Phase.RESPONDING_WHOLE, Event.BODY_ENDED, R.COMPLETE, Close.KEEP),
+    (Phase.RESPONDING_WHOLE, Event.CLIENT_GONE, None, Close.NOW),
+    (Phase.STREAMING, Event.BUG, None, Close.KEEP),
+]
+
+
+@pytest.mark.parametrize(("phase", "event", "given", "close"), CLOSES)
+def test_the_close_of_the_connection_is_the_tables(
+    phase: Phase, event: Event, given: Reason | None, close: Close
+) -> None:
+    life, _ = _at(phase, committed=phase is not Phase.RECEIVED)
+    answer = _fire(life, event, given)
+    assert answer is not None
+    assert answer.close is close
 
 
 def test_every_pair_of_the_table_is_tested() -> None:
@@ -125,7 +155,7 @@ def test_every_pair_of_the_table_is_tested() -> None:
 @pytest.mark.parametrize("phase", [Phase.AWAITING_HEADERS, Phase.STREAMING, Phase.RESPONDING_WHOLE])
 def test_a_departed_client_is_drained_not_cancelled_with_on_abandon_drain(phase: Phase) -> None:
     life, ex = _at(phase, drain=True)
-    assert life.client_gone() == Answer(R.CLIENT_DISCONNECT, None, True, Reply.NOTHING)
+    assert life.client_gone() == Answer(R.CLIENT_DISCONNECT, None, True, Reply.NOTHING, close=Close.NOW)
     assert (ex.outcome, ex.drained, ex.upstream_cancelled) == ("aborted", True, None)
 
 
@@ -168,7 +198,7 @@ def test_the_guard_verdicts_are_all_known_reasons() -> None:
     step = guard.fail("stall_timeout")
     life, _ = _at(Phase.STREAMING, committed=True)
     assert life.guard_ended(step.outcome or "", step.reason or "") == Answer(
-        R.STALL_TIMEOUT, "stall_timeout", False, Reply.NOTHING
+        R.STALL_TIMEOUT, "stall_timeout", False, Reply.FRAME
     )
 
 

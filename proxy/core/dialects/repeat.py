@@ -12,7 +12,7 @@ valid JSON around one string slot whatever the upstream's own spelling was; a te
 when the event itself is in that compact form (else no later event would match it: a backend that
 writes spaces costs a few re-encodings per stream, then none). A string that is not plainly valid
 (a `\\u` escape, a control character, bytes that are not UTF-8) is never judged here: the caller
-parses it as before.
+parses it whole.
 """
 
 from __future__ import annotations

@@ -3,13 +3,16 @@
 The lifecycle (proxy/core/lifecycle.py) decides; this module does what its `Reply` says:
 
 - `NOTHING`: no byte more. The client already has its answer (a body or a stream ended), or it left,
-  and then its socket is dropped.
+  and then its socket is dropped (`Close.NOW`).
 - `STATUS`: a whole error response in the dialect's shape (nothing was committed), with the status
   the answer names; the exchange's `X-Request-Id` comes from the writer, like on every response.
 - `FRAME`: the stream's error frame, the bytes the stream guard made of the failure, then the
   body's end.
 - `CUT`: the connection is dropped without another byte: a committed plain body cannot carry a
   second response, and a stalled client is not waited for.
+
+Then `settle` waits for the client to take the reply in and closes the connection as the answer's
+`close` says: kept for the next request, `Connection: close` after the reply, or closed now.
 
 No answer (`None`) means an earlier ending fixed the verdict and its reply was carried out then;
 whatever failed afterwards can only be met by dropping the connection.
@@ -28,13 +31,14 @@ from collections.abc import Mapping
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.dialects import DIALECTS, Dialect
-from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
+from proxy.core.guard import Failure
+from proxy.core.lifecycle import Answer, Close, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.client import ClientChannel, ClientRequest
-from proxy.exchange.client_io import ClientWriter
+from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.observe.books import Books
 
-__all__ = ["carry_out", "refuse_connection"]
+__all__ = ["carry_out", "refuse_connection", "settle"]
 
 _OTHER = DIALECTS["other"]
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
@@ -48,32 +52,46 @@ def carry_out(
     message: str = "",
     headers: Mapping[str, str] | None = None,
     frame: bytes = b"",
-    close: bool = False,
+    failure: Failure | None = None,
 ) -> bool:
-    """Do what `answer` says; True when a whole response went out that the writer should see taken in.
+    """Do what `answer` says; True when the connection stays up for `settle` (the client to take it in).
 
-    `message` (and `headers`) are for a STATUS, `frame` for a FRAME; `close`: the connection closes
-    after a STATUS. Writes are handed to the transport here; waiting for the client is the caller's.
+    `message` (and `headers`) are for a STATUS the proxy words itself; `failure` is a STATUS the
+    stream guard worded (its status, body and retry headers); `frame` for a FRAME. Writes are handed
+    to the transport here, from a coroutine or a protocol callback alike; the waiting is `settle`'s.
     """
     if answer is None:
         out.cut()
         return False
     reply = answer.reply
+    if reply is Reply.CUT or (reply is Reply.NOTHING and answer.close is Close.NOW):
+        out.cut()  # a stalled client is not waited for; a departed one's socket is dropped
+        return False
     if reply is Reply.NOTHING:
-        if answer.reason is Reason.CLIENT_DISCONNECT:
-            out.cut()  # its socket is dropped, not closed politely (idempotent: it is mostly gone already)
-        return False
-    if reply is Reply.CUT:
-        out.cut()
-        return False
+        return True
     if reply is Reply.FRAME:
-        if frame and out.write_raw(frame):
-            out.ex.bytes_out += len(frame)
+        if frame:
+            out.write_raw(frame)
+        return True
+    close = answer.close is not Close.KEEP
+    if failure is not None:
+        out.whole_now(failure.status, failure.body, {**failure.headers, **(headers or {})}, close=close)
         return True
     body = dialect.error_body(answer.status, message, answer.reason)
     out.whole_now(answer.status, body, headers or {}, close=close)
-    out.ex.bytes_out = len(body)
     return True
+
+
+async def settle(out: ClientWriter, answer: Answer) -> None:
+    """After `carry_out`: the body's end (a stream's last chunk), the client taking the reply in, and
+    the connection's close as the answer's `close` says."""
+    try:
+        await out.finish()
+    except (ClientStalled, ConnectionError):  # the verdict stands; the client simply did not take it
+        out.cut()
+        return
+    if answer.close is Close.NOW:
+        out.close_now()
 
 
 def refuse_connection(
@@ -93,7 +111,7 @@ def refuse_connection(
     try:
         if transport is not None and not transport.is_closing():
             carry_out(ClientWriter(request, ex, life, 0.0), answer, dialect=_OTHER, message=message,
-                      headers=headers, close=True)  # fmt: skip
+                      headers=headers)  # fmt: skip
     finally:
         books.finish(ex)
     return answer

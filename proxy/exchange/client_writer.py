@@ -127,37 +127,46 @@ class ClientWriter:
     # ---- writing ----------------------------------------------------------------------------------
 
     async def commit(self, head: ResponseHead, *, close: bool = False) -> None:
-        """Send the status line and headers (once)."""
+        """Send the status line and headers (once), and wait for the client to take them in."""
+        self.commit_now(head, close=close)
+        await self.drained()
+
+    def commit_now(self, head: ResponseHead, *, close: bool = False) -> None:
+        """Hand the status line and headers to the transport (once): from here the exchange is
+        committed (`Lifecycle.committed`), in the same step as the bytes go out."""
         if self.response is not None:
             return
         self.response = head
         self.ex.status = head.status
         self.life.committed_now()
         self._send(self._head(head, length=head.content_length, close=close))
-        await self.drained()
 
     async def write(self, data: bytes) -> None:
         assert self.response is not None, "commit first"
         if not self.write_raw(data):
             raise ClientGone("the client closed the connection")
-        self.ex.bytes_out += len(data)
         await self.drained()
 
     def write_raw(self, data: bytes) -> bool:
-        """Write `data` as the next piece of the body, framed; False when the client is gone."""
+        """Write `data` as the next piece of the body, framed; False when the client is gone.
+
+        The exchange's `bytes_out` is counted here and in `whole_now`, nowhere else: the body's
+        bytes handed to the client's transport (its framing not included)."""
         transport = self.request.channel.transport
         if transport is None or transport.is_closing():
             return False
+        self.ex.bytes_out += len(data)
         if not self._body_allowed():
             return True
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         return True
 
-    def on_flow(self, paused: object, drained: object) -> None:
+    def on_flow(self, paused: _Hook, drained: _Hook) -> None:
+        """Call `paused()` when the client's buffer passes its high-water mark, `drained()` after."""
         channel = self.request.channel
-        channel.flow_hooks = (paused, drained)  # type: ignore[assignment]
+        channel.flow_hooks = (paused, drained)
         if channel.writing_paused:
-            paused()  # type: ignore[operator]
+            paused()
 
     def release_flow(self) -> None:
         self.request.channel.flow_hooks = None
@@ -185,7 +194,6 @@ class ClientWriter:
         """
         head = self.whole_now(status, body, headers, reason=reason, content_type=content_type, close=close)
         await self.drained()
-        self.ex.bytes_out = len(body)
         return head
 
     def whole_now(
@@ -208,6 +216,7 @@ class ClientWriter:
         self.life.committed_now()
         data = self._head(head, length=len(body), close=close)
         self._send(data + body if self._body_allowed() else data)
+        self.ex.bytes_out = len(body)
         return head
 
     def close_now(self) -> None:

@@ -1,6 +1,6 @@
 """Issue 22's eight findings, each measured as one number, against any checkout of the proxy.
 
-    python scripts/issue22_findings.py [TREE] [--only 1,5]
+    python scripts/measure_hardening.py [TREE] [--only 1,5]
 
 TREE is a directory holding a `proxy/` package (default: this checkout); every process the script
 starts runs that tree's code (`python -m proxy ...` with TREE as its working directory), so the same

@@ -1,8 +1,8 @@
 """The main port's only handler: a driver that turns one exchange's I/O facts into lifecycle events.
 
 The verdict is the lifecycle's (`proxy/core/lifecycle.py`); this module only notices what happened (a
-refusal, an upstream failure, shutdown's `Interrupted`, a client write that failed, the client's
-departure, which its connection reports by cancelling this task) and carries out the answer: a whole
+refusal, an upstream failure, a client write that failed, shutdown or the client's departure, both
+`Interrupted` inside the wait they come in, the departure fired by its connection) and carries out the answer: a whole
 error response, the stream's error frame, a cut connection, a drain. The upstream response lives
 in the handler's one `try/finally`, which closes it unless it was read to its end, so a failure or a
 departed client never leaves a half-read connection in the pool.
@@ -23,19 +23,19 @@ from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.core.resume import RESUMABLE_APIS, Resumer
-from proxy.exchange.answers import carry_out
-from proxy.exchange.body_io import respond_whole
 from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client import ClientRequest
-from proxy.exchange.client_io import ClientStalled, ClientWriter
+from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.exchange.drain import drain
 from proxy.exchange.failures import Refusal, UpstreamFailure, first_byte_timeout
-from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
+from proxy.exchange.reply import carry_out, settle
 from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
 from proxy.exchange.resume_io import Resuming, continuation_headers, open_continuation
 from proxy.exchange.state import ProxyState
 from proxy.exchange.stream_io import is_stream, relay_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink
+from proxy.exchange.whole import respond_whole
 
 __all__ = ["client_request_id", "handle"]
 
@@ -44,9 +44,6 @@ _CAUSE_MAX = 200
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 _REQUEST_ID_MAX = 200
 _SHUTTING_DOWN = "the proxy is shutting down"
-# Answers after which the connection closes at once, as nginx does, rather than reading out the rest of
-# the request body: the client stopped sending it, or the proxy is going away.
-_CLOSE_AT_ONCE = frozenset({Reason.CLIENT_TIMEOUT, Reason.SHUTDOWN})
 
 
 def client_request_id(value: str | None) -> bool:
@@ -84,6 +81,7 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
     flight = _Flight(ex, life, dialect, ClientWriter(request, ex, life, cfg.client_stall_timeout), Interrupter())
     state.books.start(ex, request.headers)
     state.track(flight.interrupter, ex)
+    request.on_departure(lambda: flight.interrupter.fire(Cause.CLIENT_GONE))
     try:
         try:
             if state.draining:
@@ -91,21 +89,18 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
             return await _exchange(request, state, flight)
         except Refusal as exc:
             ex.cause = exc.message[:_CAUSE_MAX]
-            return await _tell(flight, life.refused(exc.reason), exc.message, exc.headers, close=True)
+            return await _tell(flight, life.refused(exc.reason), exc.message, exc.headers)
         except UpstreamFailure as exc:
             ex.cause = exc.message[:_CAUSE_MAX]  # the client got it; the log line says it too (issue 27)
             return await _tell(flight, life.upstream_failed(exc.reason), exc.message)
-        except Interrupted:
-            return await _tell(flight, life.interrupted(), _SHUTTING_DOWN, close=True)
+        except Interrupted as exc:  # shutdown, or the client's departure, inside the wait it was in
+            return await _tell(flight, told(life, exc.cause), _SHUTTING_DOWN)
     except ClientStalled:
         return await _tell(flight, life.client_stalled(), "")
     except ConnectionError:  # a write found the client's socket closed before its close was noticed
         return await _tell(flight, life.client_gone(), "")
-    except asyncio.CancelledError:
-        # The client left (its connection cancels this task), or shutdown's final cleanup cut this one.
-        answer = life.interrupted() if flight.interrupter.fired else life.client_gone()
-        if answer is not None and answer.drain:
-            _hand_over_to_drain(state, flight)
+    except asyncio.CancelledError:  # shutdown's final cleanup cut this one
+        life.interrupted()
         raise
     except Exception:
         answer = life.bug()
@@ -118,6 +113,9 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
         state.body_budget.give_back(ex.body_reserved)
         ex.body_reserved = 0
         flight.out.release_flow()
+        ended = life.ended
+        if ended is not None and ended.drain:  # --on-abandon drain: the upstream is read on, not cancelled
+            _hand_over_to_drain(state, flight)
         if not flight.handed_over:  # (else the drain task does this when it is done)
             _release_upstream(state, flight)
             state.untrack(flight.interrupter)
@@ -129,7 +127,7 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     cfg, ex, life, dialect = state.config, flight.ex, flight.life, flight.dialect
     target = upstream_target(request)
     content = request.content
-    flight.interrupter.watch(lambda: content.set_exception(Interrupted()))
+    flight.interrupter.watch(lambda cause: content.set_exception(Interrupted(cause)))
     body = await read_body(request, cfg, state.body_budget, ex)
     info = flight.info = inspect_request(
         dialect, body, request.headers.get("Content-Encoding"), min(cfg.max_body_size, INFLATE_LIMIT),
@@ -152,7 +150,7 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
             flight.link, flight.head = link, head
     except TimeoutError as exc:
         if flight.interrupter.fired:
-            raise Interrupted() from exc
+            raise flight.interrupter.error() from exc
         raise first_byte_timeout(cfg.first_byte_timeout) from None
     # The body has gone upstream: its bytes no longer count against the shared bound.
     state.body_budget.give_back(ex.body_reserved)
@@ -216,25 +214,20 @@ def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str,
     return Resuming(resumer, reopen, flight.interrupter, cfg.first_byte_timeout)
 
 
-async def _tell(
-    flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None, *, close: bool = False
-) -> None:
-    """Carry out an ending's answer (`proxy.exchange.answers`) and wait for the client to take it in."""
+async def _tell(flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None) -> None:
+    """Carry out an ending's answer (`proxy.exchange.reply`) and let the client take it in."""
     out = flight.out
     frame = b""
     if answer is not None and answer.reply is Reply.FRAME and flight.guard is not None:
         frame = flight.guard.fail(answer.reason).data
     try:
-        if carry_out(out, answer, dialect=flight.dialect, message=message, headers=headers, frame=frame, close=close):
-            if answer is not None and answer.reply is Reply.FRAME:
-                await out.finish()
-            else:
-                await out.drained()
-    except (ClientStalled, ConnectionError):  # the verdict stands; the client simply did not take it
+        go_on = carry_out(out, answer, dialect=flight.dialect, message=message, headers=headers, frame=frame)
+    except ConnectionError:  # the verdict stands; the client simply did not take it
         out.cut()
         return
-    if answer is not None and answer.reason in _CLOSE_AT_ONCE:
-        out.close_now()
+    if go_on:
+        assert answer is not None
+        await settle(out, answer)
 
 
 async def _tell_bug(flight: _Flight, answer: Answer | None) -> None:

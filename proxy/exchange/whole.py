@@ -18,10 +18,10 @@ from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Answer, Lifecycle, Reason
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.answers import carry_out
 from proxy.exchange.body_reader import BodyReader
-from proxy.exchange.client_io import ClientWriter, ResponseHead
-from proxy.exchange.interrupts import Interrupted, Interrupter
+from proxy.exchange.client_writer import ClientWriter, ResponseHead
+from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
+from proxy.exchange.reply import carry_out
 from proxy.exchange.upstream import UpstreamHead
 
 __all__ = ["JUDGE_PREFIX", "plain_verdict", "read_bounded", "respond_whole"]
@@ -72,7 +72,7 @@ async def respond_whole(
     idle_timeout: float,
 ) -> Answer | None:
     """Relay (or judge, then answer) a whole body; the lifecycle's answer to its end for the handler."""
-    interrupter.watch(lambda: reader.interrupt(Interrupted()))
+    interrupter.watch(lambda cause: reader.interrupt(Interrupted(cause)))
     prefix = b""
     verdict = plain_verdict(head.status)
     checked = _judged(ex.method, head, dialect)
@@ -84,7 +84,7 @@ async def respond_whole(
         prefix, whole = await read_bounded(reader, limit, idle_timeout)
         if whole:
             judged = judge_body(dialect, info, head.status, head.headers.get("Content-Type"), prefix)
-            verdict = Reason(judged.reason)
+            verdict = judged.reason
             ex.record_usage(judged.usage)
             ex.upstream_message = judged.upstream_message
             if judged.replacement is not None:
@@ -99,7 +99,6 @@ async def respond_whole(
                 out.whole_now(head.status, body, headers, reason=head.reason or None, content_type=None)
             _cut_on_shutdown(interrupter, life, out, dialect)
             await out.drained()
-            ex.bytes_out = len(body)
             return life.body_ended(verdict)
     tail = checked and 200 <= head.status < 300  # its usage is read from its end
     await _copy_through(reader, head, out, life, ex, prefix, idle_timeout, interrupter, dialect, keep_tail=tail)
@@ -139,7 +138,7 @@ def _cut_on_shutdown(interrupter: Interrupter, life: Lifecycle, out: ClientWrite
     """Once the client has the status line, shutdown's end of the drain time ends the response: the
     lifecycle's answer (a cut: a plain body cannot carry a second response) is carried out at once."""
 
-    def end() -> None:
-        carry_out(out, life.interrupted(), dialect=dialect)
+    def end(cause: Cause) -> None:
+        carry_out(out, told(life, cause), dialect=dialect)
 
     interrupter.watch(end)

@@ -1,0 +1,253 @@
+"""The stream relay as a state machine, without sockets: a fake transport, a fake upstream link and a
+loop whose clock the test moves (every timer: the hold window, the idle timeout, keep-alive comments,
+a stalled client), in the manner of uvicorn's MockTransport and MockLoop tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from multidict import CIMultiDict
+from support.fake_io import Exchange, chat_chunk
+
+from proxy.core.lifecycle import Cancellation, Reason, Reply
+from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.interrupts import Interrupter
+from proxy.exchange.stream_io import relay_stream
+from proxy.exchange.upstream import UpstreamHead
+
+SSE_HEAD = UpstreamHead(200, "OK", CIMultiDict({"Content-Type": "text/event-stream"}), None)
+FINISH = (b'data: {"id":"c1","object":"chat.completion.chunk",'
+          b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n')
+DONE = FINISH + b"data: [DONE]\n\n"
+ROLE = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+
+
+class ClockLoop(asyncio.SelectorEventLoop):
+    """A loop whose `time()` only moves when the test says so: timers fire on `advance`, never by waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+def run(test: Callable[[ClockLoop], Coroutine[Any, Any, None]]) -> None:
+    with asyncio.Runner(loop_factory=ClockLoop) as runner:
+        loop = runner.get_loop()
+        assert isinstance(loop, ClockLoop)
+        runner.run(test(loop))  # (bounded by pytest-timeout: the loop's clock is the test's)
+
+
+async def turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def advance(loop: ClockLoop, seconds: float) -> None:
+    loop.now += seconds
+    await turns()
+
+
+class Running:
+    """relay_stream on its own task, as the handler runs it."""
+
+    def __init__(self, x: Exchange) -> None:
+        self.x = x
+        self.interrupter = Interrupter()
+        self.task: asyncio.Task[None] = asyncio.ensure_future(
+            relay_stream(x.link, SSE_HEAD, x.guard, x.out, x.life, x.ex, x.cfg, self.interrupter)
+        )
+
+    async def started(self) -> Running:
+        await turns()
+        assert self.x.link.sink is not None
+        return self
+
+    async def finished(self) -> None:
+        await turns()
+        assert self.task.done(), "the handler's side did not finish"
+        self.task.result()
+
+
+async def _start(x: Exchange) -> Running:
+    return await Running(x).started()
+
+
+def body_of(sent: bytes) -> bytes:
+    """The chunked body's payload."""
+    body = sent.partition(b"\r\n\r\n")[2]
+    out = b""
+    while body:
+        size, _, rest = body.partition(b"\r\n")
+        n = int(size, 16)
+        out += rest[:n]
+        body = rest[n + 2 :]
+    return out
+
+
+def test_the_hold_window_keeps_the_200_until_it_ends() -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=5.0)
+        r = await _start(x)
+        x.sink.body(ROLE)
+        await turns()
+        assert x.sent == b""  # held: nothing is committed yet
+        await advance(loop, 4.9)
+        assert x.sent == b""
+        await advance(loop, 0.2)  # the window ends: the guard commits, the handler sends the 200
+        assert x.sent.startswith(b"HTTP/1.1 200 ")
+        assert body_of(x.sent) == ROLE
+        assert x.life.committed
+        assert x.link.reading  # read on once the status line is out
+        x.sink.body(chat_chunk("Hi") + DONE)
+        x.sink.end()
+        await r.finished()
+        assert x.life.ended is not None
+        assert x.life.ended.reason is Reason.COMPLETE
+
+    run(test)
+
+
+def test_content_in_the_commit_window_goes_out_in_order_after_the_200() -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=5.0)
+        r = await _start(x)
+        x.sink.body(chat_chunk("A"))  # the first content commits: the 200 is due
+        assert not x.link.reading  # nothing more until it is out
+        assert x.life.committed
+        await turns()
+        assert x.link.reading
+        x.sink.body(chat_chunk("B") + DONE)
+        x.sink.end()
+        await r.finished()
+        assert body_of(x.sent) == chat_chunk("A") + chat_chunk("B") + DONE
+
+    run(test)
+
+
+def test_an_idle_upstream_ends_the_stream_with_a_stall_frame() -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=0.0, idle_timeout=30.0, keepalive_interval=0.0)
+        r = await _start(x)
+        x.sink.body(chat_chunk("A"))
+        await advance(loop, 29.0)
+        assert x.life.ended is None
+        await advance(loop, 1.5)
+        await r.finished()
+        ended = x.life.ended
+        assert ended is not None
+        expected = (Reason.STALL_TIMEOUT, Cancellation.STALL_TIMEOUT, Reply.FRAME)
+        assert (ended.reason, ended.cancel, ended.reply) == expected
+        assert b'"code":"stall_timeout"' in body_of(x.sent)
+        assert x.sent.endswith(b"0\r\n\r\n")
+
+    run(test)
+
+
+def test_a_quiet_stream_gets_keepalive_comments() -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=0.0, idle_timeout=100.0, keepalive_interval=10.0)
+        r = await _start(x)
+        x.sink.body(chat_chunk("A"))
+        await advance(loop, 10.5)
+        assert body_of(x.sent).endswith(b": keep-alive\n\n")
+        await advance(loop, 10.5)
+        assert body_of(x.sent).count(b": keep-alive\n\n") == 2
+        x.sink.body(DONE)
+        x.sink.end()
+        await r.finished()
+
+    run(test)
+
+
+def test_a_full_client_buffer_pauses_the_upstream_and_a_drain_resumes_it() -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=0.0, client_stall_timeout=60.0)
+        r = await _start(x)
+        x.sink.body(chat_chunk("A"))
+        x.channel.pause_writing()
+        assert not x.link.reading
+        await advance(loop, 59.0)
+        assert x.life.ended is None
+        x.channel.resume_writing()
+        assert x.link.reading
+        await advance(loop, 5.0)  # the stall timer was cancelled by the drain
+        assert x.life.ended is None
+        x.sink.body(DONE)
+        x.sink.end()
+        await r.finished()
+        assert x.life.ended is not None
+        assert x.life.ended.reason is Reason.COMPLETE
+
+    run(test)
+
+
+def test_a_client_that_stays_paused_is_stalled_and_cut() -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=0.0, client_stall_timeout=60.0, idle_timeout=600.0)
+        r = await _start(x)
+        x.sink.body(chat_chunk("A"))
+        x.channel.pause_writing()
+        await advance(loop, 61.0)
+        await r.finished()
+        ended = x.life.ended
+        assert ended is not None
+        assert (ended.reason, ended.reply) == (Reason.CLIENT_STALLED, Reply.CUT)
+        transport = x.channel.transport
+        assert transport is not None
+        assert transport.aborted
+
+    run(test)
+
+
+def test_a_cut_upstream_after_the_commit_is_a_frame_and_a_proper_end() -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=0.0)
+        r = await _start(x)
+        x.sink.body(chat_chunk("A"))
+        x.sink.failed(UpstreamFailure(Reason.STREAM_CUT, "cut"))
+        await r.finished()
+        ended = x.life.ended
+        assert ended is not None
+        assert (ended.reason, ended.reply) == (Reason.STREAM_CUT, Reply.FRAME)
+        assert b'"code":"stream_cut"' in body_of(x.sent)
+        assert x.sent.endswith(b"0\r\n\r\n")
+
+    run(test)
+
+
+def test_a_failure_while_held_is_the_status_the_lifecycle_answers() -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=5.0)
+        r = await _start(x)
+        x.sink.body(ROLE)
+        x.sink.failed(UpstreamFailure(Reason.STREAM_CUT, "cut"))
+        await r.finished()
+        ended = x.life.ended
+        assert ended is not None
+        assert (ended.reason, ended.reply) == (Reason.STREAM_CUT, Reply.STATUS)
+        assert x.sent.startswith(b"HTTP/1.1 502 ")
+        assert ROLE not in x.sent
+
+    run(test)
+
+
+def test_shutdown_after_the_commit_is_a_frame_and_then_the_close() -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=0.0)
+        r = await _start(x)
+        x.sink.body(chat_chunk("A"))
+        r.interrupter.fire()
+        await r.finished()
+        ended = x.life.ended
+        assert ended is not None
+        assert (ended.reason, ended.reply) == (Reason.SHUTDOWN, Reply.FRAME)
+        assert b'"code":"shutdown"' in body_of(x.sent)
+        assert x.channel.closed_now  # the table's close column: now
+
+    run(test)
+
