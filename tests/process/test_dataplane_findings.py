@@ -182,8 +182,8 @@ async def test_shutdown_while_a_whole_body_is_held_answers_503_shutdown() -> Non
 async def test_a_stalled_upload_is_closed_after_its_408(fake: FakeProcess) -> None:
     """nginx closes a connection whose body timed out: the client has shown it is not sending.
 
-    Today aiohttp lingers 5 s reading what never comes; the bound below is half that, and a closing
-    proxy needs well under a millisecond of it.
+    Today aiohttp lingers 5 s reading what never comes; the bound below is 4 s (slack for a busy
+    machine), and a closing proxy needs well under a millisecond of it.
     """
     proxy = ServeProcess(fake.url, "--client-body-timeout", "1")
     try:
@@ -196,7 +196,7 @@ async def test_a_stalled_upload_is_closed_after_its_408(fake: FakeProcess) -> No
                 head, body = await read_response(reader)
                 assert status_of(head) == 408
                 assert orjson.loads(body)["error"]["code"] == "client_timeout"
-                async with asyncio.timeout(2.5):  # closed at all, well before aiohttp's 5 s lingering close
+                async with asyncio.timeout(4.0):  # closed at all, before aiohttp's 5 s lingering close
                     assert await reader.read(-1) == b""
             finally:
                 writer.close()

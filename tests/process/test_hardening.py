@@ -525,12 +525,14 @@ async def test_shutdown_does_not_overrun_the_drain_timeout(fake: FakeProcess) ->
                 async with http.get(f"{proxy.admin_url}/metrics") as resp:
                     if 'streamwarden_inflight_requests{api="embeddings"} 1.0' in await resp.text():
                         break
+                await asyncio.sleep(0.02)
         signalled = time.monotonic()
         proxy.signal(signal.SIGTERM)
         await asyncio.to_thread(proxy.proc.wait, WAIT)
         elapsed = time.monotonic() - signalled
-        # drain 2 s + at most 1 s; aiohttp's 10 s lingering close made it 13 s before the fix.
-        assert elapsed < 2 + 5, elapsed
+        # drain 2 s + at most 1 s; aiohttp's 10 s lingering close made it 13 s before the fix: the slack
+        # is for a busy machine, and stays below what the bug takes.
+        assert elapsed < 2 + 8, elapsed
         assert proxy.proc.returncode == 0
         slow.close()
     finally:
