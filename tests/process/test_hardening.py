@@ -442,8 +442,17 @@ async def test_an_invalid_request_id_is_replaced_and_logged_escaped(main_proxy: 
 
 
 async def test_an_invalid_request_id_does_not_break_error_replies(main_proxy: ServeProcess) -> None:
-    raw = await exchange_raw(main_proxy.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                             b"X-Request-Id: evil\xff\r\nContent-Length: 999999999\r\n\r\n")
+    reader, writer = await asyncio.open_connection("127.0.0.1", main_proxy.port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"X-Request-Id: evil\xff\r\nContent-Length: 999999999\r\n\r\n")
+        async with asyncio.timeout(WAIT):  # the reply, not the close: that waits out a lingering close
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))  # fmt: skip
+            raw = head + await reader.readexactly(length)
+    finally:
+        writer.close()
     assert status_of(raw) == 413
     assert body_of(raw)["error"]["code"] == "body_too_large"
     await main_proxy.line(lambda line: line["reason"] == "body_too_large")
