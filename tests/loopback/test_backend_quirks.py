@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from support import FakeUpstream, Proxy
+from support import WAIT, FakeUpstream, Proxy
 from support.guard_cases import ABORT_MESSAGE, CHAT_LIKE, REQUESTS, error_body
 
 
@@ -22,7 +22,7 @@ async def post(http: aiohttp.ClientSession, base: str, dialect: str, rid: str, f
                usage: bool = False) -> tuple[int, bytes]:  # fmt: skip
     path, body = REQUESTS[dialect]
     body = {**body, "stream": stream, **({"stream_options": {"include_usage": True}} if usage else {})}
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(WAIT):
         async with http.post(base + path, json=body, headers={"X-Request-Id": rid, "x-fault": fault}) as resp:
             return resp.status, await resp.read()
 

@@ -20,7 +20,7 @@ import openai
 import orjson
 import pytest
 from multidict import CIMultiDictProxy
-from support import FakeUpstream, Proxy, ProxyFactory
+from support import WAIT, FakeUpstream, Proxy, ProxyFactory
 from support.guard_cases import ALL, ANTHROPIC_MESSAGES, ANTHROPIC_TYPE, MESSAGES, OPENAI_TYPE, REQUESTS, error_body
 
 # The headers an SDK acts on, which must survive any rewrite.
@@ -73,7 +73,7 @@ async def post(
     """``key`` is the fake's attempt key for ``fail_first`` (else it counts attempts per body)."""
     path, default = REQUESTS[dialect]
     headers = {"X-Request-Id": rid, **({"x-fault": fault} if fault else {}), **({"x-fault-key": key} if key else {})}
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(WAIT):  # below the 30 s of the slowest fault here
         async with http.post(base + path, json={**(body or default), "stream": stream}, headers=headers) as resp:
             return Answer(resp.status, resp.headers, await resp.read())
 

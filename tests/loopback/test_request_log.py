@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from support import FakeUpstream, Proxy, ProxyFactory
+from support import WAIT, FakeUpstream, Proxy, ProxyFactory, until
 
 from proxy.config import Config
 from proxy.observe.books import log_level
@@ -87,7 +87,7 @@ async def abandon(
     received = b""
     try:
         assert resp.status == 200
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT):
             while received.count(b'"content":"') - received.count(b'"content":""') < content_events:
                 received += await resp.content.readuntil(b"\n\n")
     finally:
@@ -314,10 +314,7 @@ async def test_started_line_redacts_the_upstream_password() -> None:
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(server.run())
     try:
-        for _ in range(500):
-            if "started" in stream.getvalue():
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: "started" in stream.getvalue())
         server.request_stop()
         await asyncio.wait_for(task, 10)
     finally:
@@ -351,10 +348,7 @@ async def test_console_format_is_one_readable_line_per_request(
     async with http.post(f"{base}/v1/chat/completions", json=CHAT,
                          headers={"X-Request-Id": "console-2", "x-fault": "upstream_429"}) as resp:
         assert resp.status == 429
-    for _ in range(500):
-        if stream.getvalue().count("\n") >= 2:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: stream.getvalue().count("\n") >= 2)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2, lines
     for line, rid, outcome, reason, level in zip(

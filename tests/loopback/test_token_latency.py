@@ -183,7 +183,7 @@ async def test_with_drain_the_phase_and_wait_are_those_of_the_moment_the_client_
     after = await scrape(http, proxy)
     assert delta(before, after, ABORTS, ("api", "phase")) == {("chat_completions", "before_headers"): 1}
     waited = delta(before, after, f"{WAIT}_sum", ("api",))[("chat_completions",)]
-    assert waited + 1.0 < line["duration_ms"] / 1000  # the moment it left, not the end of the drain
+    assert waited + 0.5 < line["duration_ms"] / 1000  # the moment it left (soon), not the end of the 2 s drain
 
 
 async def test_with_drain_content_read_after_the_client_left_is_not_its_first_token(

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
+from support import WAIT
 
 PY = sys.executable
 
@@ -71,7 +72,7 @@ async def _wait_listening(port: int, proc: asyncio.subprocess.Process) -> None:
 
 
 async def _until_not_ready(http: aiohttp.ClientSession, admin_port: int) -> None:
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(WAIT):
         while True:
             async with http.get(f"http://127.0.0.1:{admin_port}/readyz") as ready:
                 if ready.status == 503:
@@ -149,7 +150,7 @@ async def test_sigterm_drains_streams_then_ends_them_with_a_shutdown_frame(
     serve_factory: Callable[..., Awaitable[Served]],
 ) -> None:
     port, admin_port, proc = await serve_factory("--drain-timeout", "1", "--hold-headers", "0")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2 * WAIT)) as http:
         streams = []
         for path, body in [
             ("/v1/chat/completions", {"model": "m", "stream": True, "messages": []}),
@@ -158,7 +159,7 @@ async def test_sigterm_drains_streams_then_ends_them_with_a_shutdown_frame(
             resp = await http.post(f"http://127.0.0.1:{port}{path}", json=body,
                                    headers={"x-fault": "slow;rate=10;tokens=1000"})
             assert resp.status == 200
-            await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
+            await asyncio.wait_for(resp.content.readuntil(b"\n\n"), WAIT)
             streams.append(resp)
         signalled = asyncio.get_running_loop().time()
         proc.send_signal(signal.SIGTERM)
@@ -166,9 +167,9 @@ async def test_sigterm_drains_streams_then_ends_them_with_a_shutdown_frame(
         with pytest.raises(aiohttp.ClientConnectionError):  # the listener is closed
             async with http.get(f"http://127.0.0.1:{port}/v1/models"):
                 pass
-        tails = [await asyncio.wait_for(resp.content.read(), 10) for resp in streams]
+        tails = [await asyncio.wait_for(resp.content.read(), WAIT) for resp in streams]
         elapsed = asyncio.get_running_loop().time() - signalled
-    assert 0.9 < elapsed < 5, elapsed  # ran on for the drain time, not longer
+    assert 0.9 < elapsed < 15, elapsed  # ran on for the drain time, not for the streams' 100 s
     assert b'"code":"shutdown"' in tails[0]
     assert tails[0].endswith(b"data: [DONE]\n\n")
     assert tails[1].rstrip(b"\n").splitlines()[-2:][0] == b"event: error"
@@ -185,11 +186,11 @@ async def test_second_signal_stops_at_once(serve_factory: Callable[..., Awaitabl
         resp = await http.post(f"http://127.0.0.1:{port}/v1/chat/completions",
                                json={"model": "m", "stream": True, "messages": []},
                                headers={"x-fault": "slow;rate=10;tokens=1000"})
-        await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
+        await asyncio.wait_for(resp.content.readuntil(b"\n\n"), WAIT)
         proc.send_signal(signal.SIGTERM)
         await _until_not_ready(http, admin_port)  # the first signal started the drain
         proc.send_signal(signal.SIGINT)
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        assert await asyncio.wait_for(proc.wait(), WAIT) == 0
         resp.close()
 
 
@@ -202,14 +203,14 @@ async def test_sigterm_gives_a_waiting_whole_body_request_a_503(
             f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": []},
             headers={"x-fault": "late_headers;delay=30"},
         ))
-        async with asyncio.timeout(5):  # the request is in flight once the proxy counts it
+        async with asyncio.timeout(WAIT):  # the request is in flight once the proxy counts it
             while True:
                 async with http.get(f"http://127.0.0.1:{admin_port}/metrics") as resp:
                     if 'streamwarden_inflight_requests{api="chat_completions"} 1.0' in await resp.text():
                         break
                 await asyncio.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
-        resp = await asyncio.wait_for(waiting, 10)
+        resp = await asyncio.wait_for(waiting, WAIT)  # the upstream would answer after 30 s
         assert resp.status == 503
         body = await resp.json()
         resp.close()

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import venv
@@ -44,10 +45,12 @@ def _env() -> dict[str, str]:
 def plain_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bin/ of a fresh venv holding `pip install .` and nothing else."""
     home = tmp_path_factory.mktemp("plain-venv")
-    venv.create(home, with_pip=True)
+    # No pip of its own (ensurepip alone takes 5-10 s on a busy machine): the test run's pip installs into
+    # it with --python, the same resolution from the same index as the venv's own pip would make.
+    venv.create(home, with_pip=False)
     bin_dir = home / "bin"
     done = subprocess.run(
-        [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", str(ROOT)],
+        [sys.executable, "-m", "pip", "--python", str(bin_dir / "python"), "install", "--quiet", str(ROOT)],
         capture_output=True, text=True, timeout=INSTALL_TIMEOUT, env=_env(), cwd=home,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

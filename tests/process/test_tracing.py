@@ -432,7 +432,7 @@ async def test_a_hanging_collector_does_not_hold_shutdown_past_the_drain_bound(
             await proc.wait()
     assert proc.stderr is not None
     lines = (await proc.stderr.read()).decode().splitlines()
-    assert took < 0.5 + 1.0 + 3.0, took  # the bound plus slack for a busy machine; the SDK alone takes 10 s
+    assert took < 8.0, took  # the bound (0.5 + 1 s) plus slack for a busy machine; the SDK alone takes 10 s
     for line in lines:
         orjson.loads(line)  # every line the process wrote is a structured one
 

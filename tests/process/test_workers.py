@@ -102,6 +102,11 @@ async def open_slow(http: aiohttp.ClientSession, proc: ServeProcess, rid: str, *
     return resp
 
 
+async def booked(proc: ServeProcess, count: int) -> None:
+    """Wait until `count` requests are booked (their log lines written)."""
+    await until(lambda: len(proc.lines()) >= count)
+
+
 def exists(path: str) -> bool:
     return os.path.exists(path)
 
@@ -364,6 +369,9 @@ async def test_model_labels_are_bounded_for_the_set(fake_upstream: FakeUpstream)
                 body = {**body_for("chat_completions", stream=False), "model": f"junk-{i}"}
                 async with http.post(proc.url + CHAT, json=body) as resp:
                     assert resp.status == 200
+                # A worker books (and claims the label) as its handler unwinds, after the client has its
+                # answer: wait for the booking, or the next request's worker may claim a label first.
+                await booked(proc, i + 1)
             for _ in range(8):
                 body = {**body_for("chat_completions", stream=False), "model": "fake-model"}
                 async with http.post(proc.url + CHAT, json=body) as resp:

@@ -20,9 +20,14 @@ from proxy.exchange.state import ProxyState
 from proxy.server.serve import Server
 from proxy.tools.fake import Recorder
 
-__all__ = ["AiohttpServer", "FakeUpstream", "Proxy", "ProxyFactory", "ServeUpstream", "until"]
+__all__ = ["WAIT", "AiohttpServer", "FakeUpstream", "Proxy", "ProxyFactory", "ServeUpstream", "until"]
 
 AiohttpServer = Callable[..., Awaitable[TestServer]]
+
+# The bound of a wait for something that happens (a log line, a close, a reply): only a bug, or a machine
+# far busier than any CI, gets near it. Waits for something that must NOT happen stay short: they cost
+# their whole length on every run.
+WAIT = 20.0
 
 
 @dataclass
@@ -63,7 +68,7 @@ class Proxy:
         assert len(lines) == 1, lines
         return lines[0]
 
-    async def settled(self, within: float = 10.0) -> list[dict[str, Any]]:
+    async def settled(self, within: float = WAIT) -> list[dict[str, Any]]:
         """Wait until no exchange is in flight (their log lines are then written); return the lines."""
         async with asyncio.timeout(within):
             await self.state.idle.wait()
@@ -74,7 +79,7 @@ class Proxy:
         return value or 0.0
 
 
-async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
+async def until(predicate: Callable[[], bool], within: float = WAIT) -> None:
     """Poll state that no event announces (another process, the kernel's fd table), bounded."""
     async with asyncio.timeout(within):
         while not predicate():  # noqa: ASYNC110 - nothing to wait on but the state itself

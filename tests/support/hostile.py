@@ -25,6 +25,7 @@ import orjson
 
 PY = sys.executable
 WAIT = 20.0  # the bound of every wait below: only a bug (or a dead machine) gets near it
+_PORT_RACES = 3  # starts of `serve` tried, each on new free ports
 
 
 def free_port() -> int:
@@ -47,31 +48,56 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], host: str = "127.0
 
 
 class ServeProcess:
-    """`streamwarden serve` on free loopback ports, its log lines collected as they are written."""
+    """`streamwarden serve` on free loopback ports, its log lines collected as they are written.
+
+    `serve` takes no port 0, so the ports are picked free beforehand; another program on the machine may
+    take one in between. Such a start ends with "address already in use" and is made again on new ports.
+    """
 
     def __init__(
         self, upstream: str, *flags: str, nofile: int | None = None, admin_host: str | None = None,
         env: dict[str, str] | None = None,
     ):
-        self.port, self.admin_port = free_port(), free_port()
         self.admin_host = admin_host or "127.0.0.1"
-        argv = [PY, "-m", "proxy", "serve", "--upstream", upstream, "--host", "127.0.0.1",
-                "--port", str(self.port), "--admin-port", str(self.admin_port), *flags]
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}, **(env or {})}
+        self._upstream, self._flags, self._nofile = upstream, flags, nofile
+        self._env = {**{k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}, **(env or {})}
+        for attempt in range(_PORT_RACES):
+            self._spawn()
+            if self._came_up() or attempt == _PORT_RACES - 1 or "address already in use" not in self.stderr_text():
+                break
+            self.stop()
+        _wait_listening(self.port, self.proc)
+        _wait_listening(self.admin_port, self.proc, self.admin_host)
+
+    def _spawn(self) -> None:
+        self.port, self.admin_port = free_port(), free_port()
+        argv = [PY, "-m", "proxy", "serve", "--upstream", self._upstream, "--host", "127.0.0.1",
+                "--port", str(self.port), "--admin-port", str(self.admin_port), *self._flags]
+        nofile = self._nofile
 
         def limit_fds() -> None:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        self.proc = subprocess.Popen(argv, env=self._env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      preexec_fn=limit_fds)
         self.raw_stderr: list[bytes] = []
         self._lines: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        _wait_listening(self.port, self.proc)
-        _wait_listening(self.admin_port, self.proc, self.admin_host)
+
+    def _came_up(self) -> bool:
+        """Wait for the `started` line (written once both ports are bound: by this process, not another),
+        or for the process to end."""
+        deadline = time.monotonic() + WAIT
+        while not self.lines("started"):
+            if self.proc.poll() is not None:
+                self._reader.join(timeout=WAIT)  # all it wrote, for the caller to read
+                return bool(self.lines("started"))
+            assert time.monotonic() < deadline, "no `started` line"
+            time.sleep(0.02)
+        return True
 
     def _read(self) -> None:
         assert self.proc.stderr is not None

@@ -14,7 +14,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from support import FakeUpstream, Proxy, until
+from support import WAIT, FakeUpstream, Proxy, until
 from support.contract import (
     ABORT_PHASES,
     APIS,
@@ -211,7 +211,7 @@ async def abandon(
     try:
         assert resp.status == 200
         seen = 0
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT):
             while seen < content_events:
                 event = await resp.content.readuntil(b"\n\n")
                 seen += marker in event and b'"content":""' not in event
