@@ -149,32 +149,38 @@ class Books:
         phase: str | None,
         extra: dict[str, Any],
     ) -> None:
+        fields = {
+            "request_id": ex.request_id,
+            "method": ex.method,
+            "path": ex.path,
+            "api": ex.api,
+            "model": ex.model,
+            "stream": ex.stream,
+            "status": ex.status,
+            "upstream_status": ex.upstream_status,
+            "outcome": outcome,
+            "reason": reason,
+            "duration_ms": round((now - ex.started) * 1000, 1),
+            "ttft_ms": round(ttft * 1000, 1) if ttft is not None else None,
+            "events": ex.events,
+            "bytes_out": ex.bytes_out,
+            "prompt_tokens": ex.prompt_tokens,
+            "completion_tokens": ex.completion_tokens,
+            "usage_source": usage_source,
+            "upstream_cancelled": ex.upstream_cancelled is not None,
+            "client": ex.client,
+            "abort_phase": phase,
+        }
+        if extra:
+            fields.update(extra)
         if ex.upstream_message is not None:
-            extra["upstream_message"] = ex.upstream_message
-        getattr(self.logger, log_level(outcome, reason))(
-            "request",
-            request_id=ex.request_id,
-            method=ex.method,
-            path=ex.path,
-            api=ex.api,
-            model=ex.model,
-            stream=ex.stream,
-            status=ex.status,
-            upstream_status=ex.upstream_status,
-            outcome=outcome,
-            reason=reason,
-            duration_ms=round((now - ex.started) * 1000, 1),
-            ttft_ms=round(ttft * 1000, 1) if ttft is not None else None,
-            events=ex.events,
-            bytes_out=ex.bytes_out,
-            prompt_tokens=ex.prompt_tokens,
-            completion_tokens=ex.completion_tokens,
-            usage_source=usage_source,
-            upstream_cancelled=ex.upstream_cancelled is not None,
-            client=ex.client,
-            abort_phase=phase,
-            **extra,
-        )
+            fields["upstream_message"] = ex.upstream_message
+        level = log_level(outcome, reason)
+        line = getattr(self.logger, "line", None)
+        if line is not None:  # `proxy.observe.logs.Logger`: the line in one step
+            line(level, "request", fields)
+        else:
+            getattr(self.logger, level)("request", **fields)
 
     def _count_abort(self, ex: ExchangeRecord, now: float) -> str:
         """Where the client left; before any content, also how long it had waited (queueing pain)."""
