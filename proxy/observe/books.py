@@ -59,22 +59,12 @@ class Books:
         self.metrics = metrics
         self.logger = logger
         self.tracing = tracing
-        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
-
-    def _child(self, metric: Any, *values: str) -> Any:
-        """`metric.labels(*values)`, looked up once per label set (prometheus_client's lookup takes a
-        lock and builds its key each time; the label sets are bounded, models included)."""
-        key = (metric, values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
 
     def start(self, ex: ExchangeRecord, headers: Mapping[str, str] | None = None) -> None:
         """The exchange arrived; `headers` (the client's) may carry a trace context to continue."""
         if is_scrape(ex):
             return
-        self._child(self.metrics.inflight, ex.api).inc()
+        self.metrics.counts.started(ex.api)
         if self.tracing is not None:
             self.tracing.begin(ex, headers)
 
@@ -94,15 +84,9 @@ class Books:
         now = time.monotonic()
         model = m.models.label(ex.model)
         outcome, reason = ex.outcome or "error", ex.reason or "proxy_error"  # nothing settled: our bug
-        child = self._child
-        child(m.inflight, ex.api).dec()
-        child(m.requests, ex.api, model, outcome, reason).inc()
-        child(m.duration, ex.api, outcome).observe(now - ex.started)
-        child(m.upstream_responses, ex.api, str(ex.upstream_status) if ex.upstream_status else "none").inc()
-        ttft = None
-        if ex.first_content_at is not None:
-            ttft = ex.first_content_at - ex.started
-            child(m.ttft, ex.api, model).observe(ttft)
+        ttft = None if ex.first_content_at is None else ex.first_content_at - ex.started
+        code = str(ex.upstream_status) if ex.upstream_status else "none"
+        m.counts.finished(ex.api, model, outcome, reason, code, now - ex.started, ttft)
         if ex.upstream_cancelled:
             m.cancellations.labels(api=ex.api, reason=ex.upstream_cancelled).inc()
         for rewrite in ex.rewrites:
@@ -206,17 +190,17 @@ class Books:
         `message_start`) but no completion count: the prompt is booked from usage, the completion
         as estimated, and the log line says `estimated`.
         """
-        tokens = self.metrics.tokens
+        tokens = self.metrics.counts.tokens
         source: str | None = None
         if ex.prompt_tokens:
-            self._child(tokens, ex.api, model, "prompt", "usage").inc(ex.prompt_tokens)
+            tokens(ex.api, model, "prompt", "usage", ex.prompt_tokens)
             source = "usage"
         if ex.completion_tokens is not None:
             if ex.completion_tokens:
-                self._child(tokens, ex.api, model, "completion", "usage").inc(ex.completion_tokens)
+                tokens(ex.api, model, "completion", "usage", ex.completion_tokens)
             return "usage"
         if ex.content_events:
             ex.completion_tokens = ex.content_events
-            self._child(tokens, ex.api, model, "completion", "estimated").inc(ex.content_events)
+            tokens(ex.api, model, "completion", "estimated", ex.content_events)
             return "estimated"
         return source
