@@ -106,8 +106,9 @@ class Logger:
             getattr(self._bound, level)(event, **fields)
             return
         out = {**self._context, **fields} if self._context else fields.copy()
-        for key, value in out.items():
-            if type(value) is str and key not in _RAW_KEYS:
+        for key, value in out.items():  # (clean_text's own fast test, inlined: most values pass it)
+            if (type(value) is str and not (len(value) <= MAX_LOGGED_STRING and value.isascii() and value.isprintable())
+                    and key not in _RAW_KEYS):
                 out[key] = clean_text(value)
         out["event"] = event
         out["level"] = level
