@@ -126,14 +126,20 @@ class ClientWriter:
 
     # ---- writing ----------------------------------------------------------------------------------
 
-    async def commit(self, head: ResponseHead, *, close: bool = False) -> None:
-        """Send the status line and headers (once)."""
+    async def commit(self, head: ResponseHead, *, close: bool = False, first: bytes = b"") -> None:
+        """Send the status line and headers (once); `first`, the body's first bytes, in the same write."""
         if self.response is not None:
+            if first:
+                await self.write(first)
             return
         self.response = head
         self.ex.status = head.status
         self.life.committed_now()
-        self._send(self._head(head, length=head.content_length, close=close))
+        data = self._head(head, length=head.content_length, close=close)
+        if first and self._body_allowed():
+            data += b"%x\r\n%b\r\n" % (len(first), first) if self._chunked else first
+            self.ex.bytes_out += len(first)
+        self._send(data)
         await self.drained()
 
     async def write(self, data: bytes) -> None:

@@ -68,7 +68,7 @@ async def relay_stream(
         while True:
             need = await relay.wait()
             if need is Need.COMMIT:
-                await out.commit(response)
+                await out.commit(response, first=relay.take_pending())  # the head and the first events together
                 relay.committed(out)
             elif need is Need.END:
                 await out.finish()

@@ -132,6 +132,11 @@ class StreamRelay:
             finally:
                 self._waiter = None
 
+    def take_pending(self) -> bytes:
+        """What the guard passed before the status line: it goes out with it, in one write."""
+        pending, self._pending = self._pending, []
+        return pending[0] if len(pending) == 1 else b"".join(pending)
+
     def committed(self, client: ClientSide) -> None:
         """The status line is out: send what the guard said meanwhile, and read on."""
         self._client = client
