@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from multidict import CIMultiDict, CIMultiDictProxy
 
 __all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
@@ -15,6 +13,10 @@ HOP_BY_HOP = frozenset(
 # Written by the upstream connection for the bytes it sends; `Expect: 100-continue` was already answered to
 # the client, and the proxy sends the upstream a body it holds whole (curl asks for it above 1 KiB).
 _REQUEST_DROP = frozenset({"host", "content-length", "expect"})
+# What each direction drops besides what `Connection` names, built once rather than per request.
+_DROP_REQUEST = HOP_BY_HOP | _REQUEST_DROP
+_DROP_RESPONSE = HOP_BY_HOP
+_DROP_REWRITTEN = HOP_BY_HOP | {"content-length", "content-encoding", "content-type"}
 
 
 def _named_by_connection(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
@@ -25,13 +27,17 @@ def _named_by_connection(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> s
 
 
 def _end_to_end(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str], extra_drop: Iterable[str] = (), *, underscores: bool = True
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: frozenset[str], *, underscores: bool = True
 ) -> CIMultiDict[str]:
-    drop = HOP_BY_HOP | _named_by_connection(headers) | set(extra_drop)
-    return CIMultiDict(
-        (name, value) for name, value in headers.items()
-        if name.lower() not in drop and (underscores or "_" not in name)
-    )
+    """The headers whose lower-cased names are not in `drop` nor named by `Connection`."""
+    if "Connection" in headers:
+        drop = drop | _named_by_connection(headers)
+    out: CIMultiDict[str] = CIMultiDict()
+    add = out.add
+    for name, value in headers.items():
+        if name.lower() not in drop and (underscores or "_" not in name):
+            add(name, value)
+    return out
 
 
 def request_headers(
@@ -43,7 +49,7 @@ def request_headers(
     backend that reads headers CGI-style folds `X_Api_Key` and `X-Api-Key` into one name, so one could
     pass for the other past a check in front of the proxy.
     """
-    out = _end_to_end(headers, _REQUEST_DROP, underscores=False)
+    out = _end_to_end(headers, _DROP_REQUEST, underscores=False)
     if client_ip:
         prior = ", ".join(out.getall("X-Forwarded-For", ()))
         out.popall("X-Forwarded-For", None)
@@ -62,5 +68,4 @@ def response_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str], *, body_
     When the proxy sends a body other than the upstream's, the length and encoding headers that
     described the upstream's bytes are dropped (the client writer frames the body it sends).
     """
-    extra = ("content-length", "content-encoding", "content-type") if body_rewritten else ()
-    return _end_to_end(headers, extra)
+    return _end_to_end(headers, _DROP_REWRITTEN if body_rewritten else _DROP_RESPONSE)

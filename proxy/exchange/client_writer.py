@@ -70,11 +70,12 @@ def _phrase(status: int) -> str:
 
 
 class ClientWriter:
-    __slots__ = ("_chunked", "_closing", "ex", "life", "request", "response", "stall_timeout")
+    __slots__ = ("_chunked", "_closing", "_held_head", "ex", "life", "request", "response", "stall_timeout")
 
     def __init__(self, request: ClientRequest, ex: ExchangeRecord, life: Lifecycle, stall_timeout: float) -> None:
         self.request = request
         self.ex = ex
+        self._held_head = b""
         self.life = life
         self.stall_timeout = stall_timeout
         self.response: ResponseHead | None = None
@@ -131,15 +132,29 @@ class ClientWriter:
         self.commit_now(head, close=close)
         await self.drained()
 
-    def commit_now(self, head: ResponseHead, *, close: bool = False) -> None:
+    def commit_now(self, head: ResponseHead, *, close: bool = False, hold: bool = False) -> None:
         """Hand the status line and headers to the transport (once): from here the exchange is
-        committed (`Lifecycle.committed`), in the same step as the bytes go out."""
+        committed (`Lifecycle.committed`), in the same step as the bytes go out.
+
+        `hold`: the head waits for the first body bytes and goes out with them in one write (one
+        system call, one packet) until `flush_head`; a held stream's first events come right after."""
         if self.response is not None:
             return
         self.response = head
         self.ex.status = head.status
         self.life.committed_now()
-        self._send(self._head(head, length=head.content_length, close=close))
+        data = self._head(head, length=head.content_length, close=close)
+        if hold:
+            self._held_head = data
+        else:
+            self._send(data)
+
+    def flush_head(self) -> None:
+        """Send a held head that no body bytes came to carry (a no-op when there is none)."""
+        held, self._held_head = self._held_head, b""
+        transport = self.request.channel.transport
+        if held and transport is not None and not transport.is_closing():
+            transport.write(held)
 
     async def write(self, data: bytes) -> None:
         assert self.response is not None, "commit first"
@@ -157,8 +172,12 @@ class ClientWriter:
             return False
         self.ex.bytes_out += len(data)
         if not self._body_allowed():
+            self.flush_head()
             return True
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        framed = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
+        if self._held_head:
+            framed, self._held_head = self._held_head + framed, b""
+        transport.write(framed)
         return True
 
     def on_flow(self, paused: _Hook, drained: _Hook) -> None:
@@ -223,11 +242,13 @@ class ClientWriter:
         """Close the connection once what was written has gone, without reading the rest of the request
         body first: for a client that stopped sending it, or at shutdown."""
         self._closing = True
+        self.flush_head()
         self.request.channel.close_now()
 
     def cut(self) -> None:
         """Drop the client connection without another byte (no second HTTP response in the body)."""
         self._closing = True
+        self.flush_head()  # a committed head went out before the cut, as it always has
         transport = self.request.channel.transport
         if transport is not None:
             transport.abort()
@@ -238,6 +259,8 @@ class ClientWriter:
         transport = self.request.channel.transport
         if transport is None or transport.is_closing():
             raise ClientGone("the client closed the connection")
+        if self._held_head:
+            data, self._held_head = self._held_head + data, b""
         transport.write(data)
 
     async def drained(self) -> None:

@@ -11,7 +11,6 @@ departed client never leaves a half-read connection in the pool.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ from proxy.exchange.state import ProxyState
 from proxy.exchange.stream_io import is_stream, relay_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink
 from proxy.exchange.whole import respond_whole
+from proxy.observe.request_ids import new_request_id
 
 __all__ = ["client_request_id", "handle"]
 
@@ -73,7 +73,7 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
     cfg = state.config
     dialect = for_request(request.method, request.path)
     sent_id = request.headers.get(_REQUEST_ID)
-    request_id = sent_id if sent_id is not None and client_request_id(sent_id) else uuid.uuid4().hex
+    request_id = sent_id if sent_id is not None and client_request_id(sent_id) else new_request_id()
     ex = ExchangeRecord(request_id, request.method, request.path, dialect.name, request.remote)
     if sent_id is not None and sent_id != request_id:
         ex.client_request_id = sent_id  # logged escaped and cut; never echoed or sent upstream

@@ -25,7 +25,6 @@ they are counted and logged by the same code as any other exchange.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -37,6 +36,7 @@ from proxy.core.record import ExchangeRecord
 from proxy.exchange.client import ClientChannel, ClientRequest
 from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.observe.books import Books
+from proxy.observe.request_ids import new_request_id
 
 __all__ = ["carry_out", "refuse_connection", "settle"]
 
@@ -100,7 +100,7 @@ def refuse_connection(
     """Refuse on a connection with no request in progress: a lifecycle's `refused` verdict, its
     status written to the socket (the caller closes it), and the books written once."""
     request = ClientRequest(channel, "-", "-", "-", (1, 1), _NO_HEADERS, remote=remote, keep_alive=False)
-    ex = ExchangeRecord(uuid.uuid4().hex, "-", "-", _OTHER.name, remote)
+    ex = ExchangeRecord(new_request_id(), "-", "-", _OTHER.name, remote)
     life = Lifecycle(ex)
     books.start(ex)
     answer = life.refused(reason, status)

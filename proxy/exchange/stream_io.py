@@ -69,8 +69,9 @@ async def relay_stream(
         while True:
             need = await relay.wait()
             if need is Need.COMMIT:
-                out.commit_now(response)  # (the relay hears a client that stops reading: no wait here)
-                relay.committed()
+                out.commit_now(response, hold=True)  # (the relay hears a client that stops reading: no wait)
+                relay.committed()  # the events the guard passed meanwhile carry the head, in one write
+                out.flush_head()
             elif need is Need.DONE:  # the relay carried out the lifecycle's answer
                 if relay.settle:
                     assert life.ended is not None

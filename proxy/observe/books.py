@@ -60,22 +60,12 @@ class Books:
         self.metrics = metrics
         self.logger = logger
         self.tracing = tracing
-        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
-
-    def _child(self, metric: Any, *values: str) -> Any:
-        """`metric.labels(*values)`, looked up once per label set (prometheus_client's lookup takes a
-        lock and builds its key each time; the label sets are bounded, models included)."""
-        key = (metric, values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
 
     def start(self, ex: ExchangeRecord, headers: Mapping[str, str] | None = None) -> None:
         """The exchange arrived; `headers` (the client's) may carry a trace context to continue."""
         if is_scrape(ex):
             return
-        self._child(self.metrics.inflight, ex.api).inc()
+        self.metrics.counts.started(ex.api)
         if self.tracing is not None:
             self.tracing.begin(ex, headers)
 
@@ -95,15 +85,9 @@ class Books:
         now = time.monotonic()
         model = m.models.label(ex.model)
         outcome, reason = ex.outcome or Outcome.ERROR, ex.reason or Reason.PROXY_ERROR  # nothing settled: our bug
-        child = self._child
-        child(m.inflight, ex.api).dec()
-        child(m.requests, ex.api, model, outcome, reason).inc()
-        child(m.duration, ex.api, outcome).observe(now - ex.started)
-        child(m.upstream_responses, ex.api, str(ex.upstream_status) if ex.upstream_status else "none").inc()
-        ttft = None
-        if ex.first_content_at is not None:
-            ttft = ex.first_content_at - ex.started
-            child(m.ttft, ex.api, model).observe(ttft)
+        ttft = None if ex.first_content_at is None else ex.first_content_at - ex.started
+        code = str(ex.upstream_status) if ex.upstream_status else "none"
+        m.counts.finished(ex.api, model, outcome, reason, code, now - ex.started, ttft)
         if ex.upstream_cancelled:
             m.cancellations.labels(api=ex.api, reason=ex.upstream_cancelled).inc()
         for rewrite in ex.rewrites:
@@ -150,34 +134,40 @@ class Books:
         phase: str | None,
         extra: dict[str, Any],
     ) -> None:
+        fields = {
+            "request_id": ex.request_id,
+            "method": ex.method,
+            "path": ex.path,
+            "api": ex.api,
+            "model": ex.model,
+            "stream": ex.stream,
+            "status": ex.status,
+            "upstream_status": ex.upstream_status,
+            "outcome": outcome,
+            "reason": reason,
+            "duration_ms": round((now - ex.started) * 1000, 1),
+            "ttft_ms": round(ttft * 1000, 1) if ttft is not None else None,
+            "events": ex.events,
+            "bytes_out": ex.bytes_out,
+            "prompt_tokens": ex.prompt_tokens,
+            "completion_tokens": ex.completion_tokens,
+            "usage_source": usage_source,
+            "upstream_cancelled": ex.upstream_cancelled is not None,
+            "client": ex.client,
+            "abort_phase": phase,
+        }
+        if extra:
+            fields.update(extra)
         if ex.upstream_message is not None:
-            extra["upstream_message"] = ex.upstream_message
+            fields["upstream_message"] = ex.upstream_message
         if ex.cause is not None:
-            extra["cause"] = ex.cause
-        getattr(self.logger, log_level(outcome, reason))(
-            "request",
-            request_id=ex.request_id,
-            method=ex.method,
-            path=ex.path,
-            api=ex.api,
-            model=ex.model,
-            stream=ex.stream,
-            status=ex.status,
-            upstream_status=ex.upstream_status,
-            outcome=outcome,
-            reason=reason,
-            duration_ms=round((now - ex.started) * 1000, 1),
-            ttft_ms=round(ttft * 1000, 1) if ttft is not None else None,
-            events=ex.events,
-            bytes_out=ex.bytes_out,
-            prompt_tokens=ex.prompt_tokens,
-            completion_tokens=ex.completion_tokens,
-            usage_source=usage_source,
-            upstream_cancelled=ex.upstream_cancelled is not None,
-            client=ex.client,
-            abort_phase=phase,
-            **extra,
-        )
+            fields["cause"] = ex.cause
+        level = log_level(outcome, reason)
+        line = getattr(self.logger, "line", None)
+        if line is not None:  # `proxy.observe.logs.Logger`: the line in one step
+            line(level, "request", fields)
+        else:
+            getattr(self.logger, level)("request", **fields)
 
     def _count_abort(self, ex: ExchangeRecord, now: float) -> str:
         """Where the client left; before any content, also how long it had waited (queueing pain)."""
@@ -203,17 +193,17 @@ class Books:
         `message_start`) but no completion count: the prompt is booked from usage, the completion
         as estimated, and the log line says `estimated`.
         """
-        tokens = self.metrics.tokens
+        tokens = self.metrics.counts.tokens
         source: str | None = None
         if ex.prompt_tokens:
-            self._child(tokens, ex.api, model, "prompt", "usage").inc(ex.prompt_tokens)
+            tokens(ex.api, model, "prompt", "usage", ex.prompt_tokens)
             source = "usage"
         if ex.completion_tokens is not None:
             if ex.completion_tokens:
-                self._child(tokens, ex.api, model, "completion", "usage").inc(ex.completion_tokens)
+                tokens(ex.api, model, "completion", "usage", ex.completion_tokens)
             return "usage"
         if ex.content_events:
             ex.completion_tokens = ex.content_events
-            self._child(tokens, ex.api, model, "completion", "estimated").inc(ex.content_events)
+            tokens(ex.api, model, "completion", "estimated", ex.content_events)
             return "estimated"
         return source

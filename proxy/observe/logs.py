@@ -1,16 +1,26 @@
-"""Structured logging without global configuration: one logger object, passed in where needed."""
+"""Structured logging without global configuration: one logger object, passed in where needed.
+
+Every line goes through structlog's processor chain, except the one written per exchange: the
+`request` line is rendered in one step (`Logger.line`), the same fields in the same order as the
+chain would give them (bound context, the fields, `event`, `level`, `timestamp`), strings cleaned
+the same way. The chain costs ~10 % of a small request's CPU (a timestamper, a level adder, the
+exception formatter and the cleaner each walk the event); the one-step line costs a third of that.
+With `--log-format console` the line takes the chain (a terminal's reader is not in a hurry).
+"""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import re
 import sys
+import time
 from typing import Any, TextIO
 
 import orjson
 import structlog
 
-__all__ = ["MAX_LOGGED_STRING", "clean_text", "make_logger"]
+__all__ = ["MAX_LOGGED_STRING", "Logger", "clean_text", "make_logger"]
 
 MAX_LOGGED_STRING = 256
 # Control characters (ANSI escapes included) and lone surrogates, which a client can put in a header
@@ -26,6 +36,8 @@ def _escape(match: re.Match[str]) -> str:
 
 def clean_text(text: str) -> str:
     """A client-controlled string made safe to log: cut at 256 characters, control characters escaped."""
+    if len(text) <= MAX_LOGGED_STRING and text.isascii() and text.isprintable():
+        return text  # the common case: nothing to cut or escape (printable ASCII has no \x00-\x1f, \x7f)
     if len(text) > MAX_LOGGED_STRING:
         text = text[:MAX_LOGGED_STRING]
     return _UNSAFE.sub(_escape, text)
@@ -44,13 +56,74 @@ def _json_renderer(_: Any, __: str, event_dict: structlog.typing.EventDict) -> s
     return orjson.dumps(event_dict, default=str).decode()
 
 
-def make_logger(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> Any:
+class _Clock:
+    """structlog's `TimeStamper(fmt="iso", utc=True)` text, its seconds part made once a second."""
+
+    __slots__ = ("_second", "_text")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._text = ""
+
+    def now(self) -> str:
+        stamp = time.time()
+        second = int(stamp)
+        micro = int((stamp - second) * 1_000_000)
+        if second != self._second:
+            moment = datetime.datetime.fromtimestamp(second, tz=datetime.UTC)
+            self._second, self._text = second, moment.isoformat().removesuffix("+00:00")
+        return f"{self._text}.{micro:06d}Z" if micro else f"{self._text}Z"  # (isoformat drops a zero fraction)
+
+
+class Logger:
+    """structlog's bound logger (every method, `bind` included), plus `line`: one event in one step."""
+
+    __slots__ = ("_bound", "_clock", "_context", "_json", "_lowest", "_output")
+
+    def __init__(
+        self, bound: Any, output: structlog.WriteLogger, *, json: bool, lowest: int,
+        context: dict[str, Any], clock: _Clock,
+    ) -> None:
+        self._bound = bound
+        self._output = output
+        self._json = json
+        self._lowest = lowest
+        self._context = context
+        self._clock = clock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bound, name)
+
+    def bind(self, **values: Any) -> Logger:
+        return Logger(self._bound.bind(**values), self._output, json=self._json, lowest=self._lowest,
+                      context={**self._context, **values}, clock=self._clock)  # fmt: skip
+
+    def line(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        """`getattr(logger, level)(event, **fields)`, the JSON line rendered without the chain."""
+        if _LEVELS[level] < self._lowest:
+            return
+        if not self._json:
+            getattr(self._bound, level)(event, **fields)
+            return
+        out = {**self._context, **fields} if self._context else fields.copy()
+        for key, value in out.items():  # (clean_text's own fast test, inlined: most values pass it)
+            if (type(value) is str and not (len(value) <= MAX_LOGGED_STRING and value.isascii() and value.isprintable())
+                    and key not in _RAW_KEYS):
+                out[key] = clean_text(value)
+        out["event"] = event
+        out["level"] = level
+        out["timestamp"] = self._clock.now()
+        self._output.msg(orjson.dumps(out, default=str).decode())
+
+
+def make_logger(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> Logger:
     """A structlog logger writing one line per event to `stream` (stderr by default)."""
     renderer: structlog.typing.Processor = (
         _json_renderer if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     )
-    return structlog.wrap_logger(
-        structlog.WriteLogger(stream or sys.stderr),
+    output = structlog.WriteLogger(stream or sys.stderr)
+    bound = structlog.wrap_logger(
+        output,
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -61,3 +134,4 @@ def make_logger(fmt: str = "json", level: str = "info", stream: TextIO | None = 
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         cache_logger_on_first_use=True,
     )
+    return Logger(bound, output, json=fmt == "json", lowest=_LEVELS[level], context={}, clock=_Clock())

@@ -24,6 +24,12 @@ from proxy import __version__
 from proxy.core.latency import ITL_BUCKETS
 from proxy.core.lifecycle import Cancellation
 from proxy.observe.gaps import GapHistogram
+from proxy.observe.request_counts import (
+    TTFT_BUCKETS,
+    PlainRequestCounts,
+    RequestCounts,
+    SharedRequestCounts,
+)
 
 __all__ = [
     "ABORT_PHASES", "APIS", "CANCELLATION_REASONS", "CANCEL_HOOK_FAILURE_REASONS", "CONTENT_TYPE_LATEST",
@@ -55,8 +61,6 @@ RESUME_RESULTS = ("resumed", "refused", "failed")
 # yet; a stream mid-way; a whole (non-stream) response being read or written.
 ABORT_PHASES = ("before_headers", "before_first_token", "mid_stream", "whole_body")
 
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
-DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 # Time per output token of a whole stream: the ITL range, narrower at the top (an average smooths stalls).
 TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 # How long a user waited before giving up with nothing received: the TTFT range.
@@ -125,27 +129,16 @@ class Metrics:
         self.multiprocess_dir = multiprocess_dir
         self.models = ModelLabels(model_label_limit)
         r = self.registry
-        self.requests = Counter(
-            "streamwarden_requests", "Exchanges by final outcome and reason.",
-            ["api", "model", "outcome", "reason"], registry=r,
-        )
-        self.duration = Histogram(
-            "streamwarden_request_duration_seconds", "From request arrival to the end of the exchange.",
-            ["api", "outcome"], buckets=DURATION_BUCKETS, registry=r,
-        )
-        self.ttft = Histogram(
-            "streamwarden_time_to_first_token_seconds",
-            "From request arrival to the first upstream event carrying generated content.",
-            ["api", "model"], buckets=TTFT_BUCKETS, registry=r,
-        )
-        self.inflight = Gauge(
-            "streamwarden_inflight_requests", "Exchanges in progress.", ["api"], registry=r,
-            multiprocess_mode="livesum",
-        )
-        self.upstream_responses = Counter(
-            "streamwarden_upstream_responses", "Upstream response statuses (code=none: no response).",
-            ["api", "code"], registry=r,
-        )
+        # The six families every exchange adds to (requests, duration, TTFT, in-flight, upstream
+        # responses, tokens): plain numbers rendered at scrape time in one process; through
+        # prometheus_client's multiprocess files in a worker (proxy/observe/request_counts.py).
+        self.counts: RequestCounts
+        if multiprocess_dir is None:
+            plain = PlainRequestCounts(APIS)
+            r.register(plain)
+            self.counts = plain
+        else:
+            self.counts = SharedRequestCounts(r, APIS)
         self.cancellations = Counter(
             "streamwarden_upstream_cancellations", "Upstream requests the proxy cancelled, by why.",
             ["api", "reason"], registry=r,
@@ -157,10 +150,6 @@ class Metrics:
         self.rewrites = Counter(
             "streamwarden_stream_rewrites", "Changes the proxy made to what the upstream sent, by why.",
             ["api", "reason"], registry=r,
-        )
-        self.tokens = Counter(
-            "streamwarden_tokens", "Tokens by kind, from the upstream's usage or estimated from delivered events.",
-            ["api", "model", "kind", "source"], registry=r,
         )
         self.inter_token_latency = GapHistogram(
             "streamwarden_inter_token_latency_seconds",
@@ -201,7 +190,6 @@ class Metrics:
         # Series that alerts take `increase()` of must exist at 0 before their first event, or the
         # first stall or stray block of a pod would never be seen. These label sets are fixed.
         for api in APIS:
-            self.inflight.labels(api=api)
             for reason in REWRITE_REASONS:
                 self.rewrites.labels(api=api, reason=reason)
             for reason in CANCELLATION_REASONS:
