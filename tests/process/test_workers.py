@@ -40,8 +40,8 @@ CHAT = "/v1/chat/completions"
 
 
 @contextlib.asynccontextmanager
-async def workers(upstream: str, *flags: str) -> AsyncIterator[ServeProcess]:
-    proc = ServeProcess(upstream, "--workers", "2", *flags)
+async def workers(upstream: str, *flags: str, env: dict[str, str] | None = None) -> AsyncIterator[ServeProcess]:
+    proc = ServeProcess(upstream, "--workers", "2", *flags, env=env)
     try:
         await until(lambda: len(proc.lines("worker_ready")) >= 2)
         yield proc
@@ -384,14 +384,17 @@ async def test_model_labels_are_bounded_for_the_set(fake_upstream: FakeUpstream)
     }
 
 
-async def test_workers_leave_when_the_supervisor_is_killed(fake_upstream: FakeUpstream) -> None:
-    async with workers(fake_upstream.url, "--drain-timeout", "0") as proc:
+async def test_workers_leave_when_the_supervisor_is_killed(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    # Its own TMPDIR: any supervisor that starts on this machine meanwhile (another test run's) removes
+    # the directory of a killed one from the shared /tmp, as it should.
+    async with workers(fake_upstream.url, "--drain-timeout", "0", env={"TMPDIR": str(tmp_path)}) as proc:
         worker_pids = pids(proc, "worker_ready")
         metrics_dir = proc.lines("started")[0]["metrics_dir"]
         proc.signal(signal.SIGKILL)
         await until(lambda: not any(running(pid) for pid in worker_pids))
         assert {line["pid"] for line in proc.lines("stopped")} == worker_pids  # each drained and said so
-    shutil.rmtree(metrics_dir)  # a supervisor killed with SIGKILL cannot remove it (documented)
+    assert exists(metrics_dir)  # a supervisor killed with SIGKILL cannot remove it (documented)
+    shutil.rmtree(metrics_dir)
 
 
 def _supervisor(fake: FakeUpstream, directory: str, worker: str) -> tuple[Supervisor, io.StringIO]:
