@@ -42,8 +42,11 @@ def kustomize(root: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
+GRAFANA = ROOT / "grafana"
+
+
 def kustomizations() -> list[Path]:
-    return sorted(p.parent for p in KUBERNETES.rglob("kustomization.yaml"))
+    return sorted([GRAFANA, *(p.parent for p in KUBERNETES.rglob("kustomization.yaml"))])
 
 
 def is_component(folder: Path) -> bool:
@@ -71,7 +74,9 @@ def pod_ports(pod: dict[str, Any], container: str) -> dict[str, int]:
 def test_every_component_is_used_by_a_rendered_kustomization() -> None:
     """A component cannot be rendered alone: each one must be reachable from a kustomization tested here."""
     components = {p for p in kustomizations() if is_component(p)}
-    assert components == {COMPONENTS / "alerts", COMPONENTS / "without-prometheus-operator", COMPONENTS / "sidecar"}
+    assert components == {
+        COMPONENTS / "alerts", COMPONENTS / "without-prometheus-operator", COMPONENTS / "sidecar", GRAFANA,
+    }
     used: set[Path] = set()
     for folder in kustomizations():
         config = yaml.safe_load((folder / "kustomization.yaml").read_text())
@@ -119,8 +124,9 @@ def test_the_release_label_patch_of_the_readme_labels_every_monitoring_object(tm
     patch = "".join(line.removeprefix("# ") + "\n" for line in commented[0].splitlines())
     blocks = [textwrap.dedent(b) for b in re.findall(r"```yaml\n(.*?)^\s*```", README, re.M | re.S)]
     assert patch in blocks, "the README's step shows this patch"
-    copy = tmp_path / "kubernetes"
+    copy = tmp_path / "deploy" / "kubernetes"
     shutil.copytree(KUBERNETES, copy)
+    shutil.copytree(GRAFANA, tmp_path / "grafana")  # the base's dashboard component
     (copy / "kustomization.yaml").write_text(text.replace(commented[0], patch))
     rendered = kustomize(copy)
     monitoring = [d for d in rendered if d["apiVersion"].startswith("monitoring.coreos.com/")]
@@ -128,6 +134,20 @@ def test_the_release_label_patch_of_the_readme_labels_every_monitoring_object(tm
     assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in monitoring)
     others = [d for d in rendered if not d["apiVersion"].startswith("monitoring.coreos.com/")]
     assert all("release" not in d["metadata"].get("labels", {}) for d in others)
+
+
+@needs_kubectl
+def test_apply_k_brings_the_dashboard_for_the_grafana_sidecar() -> None:
+    """Issue 27: kube-prometheus-stack's Grafana sidecar loads ConfigMaps labelled grafana_dashboard: "1";
+    the base renders one from grafana/streamwarden.json, byte for byte, under a name that does not change."""
+    rendered = kustomize(KUBERNETES)
+    (dashboard,) = [c for c in of_kind(rendered, "ConfigMap") if c["metadata"].get("labels", {}).get(
+        "grafana_dashboard") == "1"]
+    assert dashboard["metadata"]["name"] == "streamwarden-dashboard", "no hash suffix: apply -k does not prune"
+    assert dashboard["data"] == {"streamwarden.json": (GRAFANA / "streamwarden.json").read_text()}
+    copies = [p for p in ROOT.rglob("*.json") if ".venv" not in p.parts and "uid" in p.read_text()[:200]
+              and '"streamwarden"' in p.read_text()]
+    assert copies == [GRAFANA / "streamwarden.json"], "one copy of the dashboard"
 
 
 # --- the backends' settings -----------------------------------------------------------------------------
