@@ -150,6 +150,29 @@ def test_apply_k_brings_the_dashboard_for_the_grafana_sidecar() -> None:
     assert copies == [GRAFANA / "streamwarden.json"], "one copy of the dashboard"
 
 
+@needs_kubectl
+def test_the_runbook_base_is_one_setting_of_the_alerts_component(tmp_path: Path) -> None:
+    """Issue 27: runbook_url pointed at an organisation that does not exist; where docs/runbooks.md lives
+    is set once (components/alerts/runbooks.yaml) and reaches every rule, and the setting is not applied."""
+    setting = COMPONENTS / "alerts" / "runbooks.yaml"
+    (base,) = {yaml.safe_load(setting.read_text())["data"]["base"]}
+    assert base.endswith("/docs/runbooks.md")
+    copy = tmp_path / "deploy" / "kubernetes"
+    shutil.copytree(KUBERNETES, copy)
+    shutil.copytree(GRAFANA, tmp_path / "grafana")
+    mine = "https://wiki.internal.example/llm/runbooks.md"
+    (copy / "components" / "alerts" / "runbooks.yaml").write_text(setting.read_text().replace(base, mine))
+    for folder, wanted in ((KUBERNETES, base), (copy, mine)):
+        rendered = kustomize(folder)
+        assert not [c for c in of_kind(rendered, "ConfigMap") if c["metadata"]["name"] == "streamwarden-runbooks"]
+        (rule,) = of_kind(rendered, "PrometheusRule")
+        urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]]
+        assert len(urls) >= 9
+        assert all(u == f"{wanted}#{r['alert'].lower()}" for u, r in zip(
+            urls, [r for g in rule["spec"]["groups"] for r in g["rules"]], strict=True)), urls
+    assert "github.com/streamwarden" not in (ROOT / "deploy" / "prometheus" / "rules.yml").read_text()
+
+
 # --- the backends' settings -----------------------------------------------------------------------------
 
 
