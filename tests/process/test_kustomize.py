@@ -199,6 +199,37 @@ def test_llamacpp_serves_its_own_metrics() -> None:
     assert "--metrics" in llama["args"]
 
 
+BACKENDS = {"vllm-sidecar.yaml": "vllm", "llamacpp-sidecar.yaml": "llama-server"}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_kubectl_logs_shows_the_backend_and_the_backend_is_hardened(name: str) -> None:
+    """Issue 27 item 8: the default container is the backend; it binds loopback only (the pod IP reaches
+    only the proxy); it runs non-root with no capabilities; llama.cpp's image tag does not float."""
+    deployment = manifest_deployment(name)
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == BACKENDS[name]
+    (backend,) = [c for c in pod["spec"]["containers"] if c["name"] == BACKENDS[name]]
+    assert "--host=127.0.0.1" in backend["args"]
+    assert not backend.get("ports"), "nothing to publish: the backend is reached through the proxy"
+    context = backend["securityContext"]
+    assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    if context["readOnlyRootFilesystem"]:
+        mounts = {m["mountPath"] for m in backend["volumeMounts"]}
+        assert "/tmp" in mounts
+    image = backend["image"]
+    assert re.fullmatch(r"[^:]+:(v\d+\.\d+\.\d+|server-b\d+)", image), image
+    if name == "llamacpp-sidecar.yaml":
+        script = (ROOT / "scripts" / "build-llama-server.sh").read_text()
+        assert 'LLAMA_CPP_PYTHON_VERSION:-0.3.36' in script, "b11312 is what llama-cpp-python 0.3.36 vendors"
+        assert image.endswith(":server-b11312")
+    compose = (ROOT / "deploy" / "compose.yaml").read_text()
+    assert "llama.cpp:server\n" not in compose and "llama.cpp:server-b11312" in compose
+
+
 # --- the sidecar component on an existing Deployment -------------------------------------------------------
 
 
