@@ -213,7 +213,8 @@ def test_kubectl_logs_shows_the_backend_and_the_backend_is_hardened(name: str) -
     assert "--host=127.0.0.1" in backend["args"]
     assert not backend.get("ports"), "nothing to publish: the backend is reached through the proxy"
     context = backend["securityContext"]
-    assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
+    assert context["runAsNonRoot"] is True
+    assert context["runAsUser"] != 0
     assert context["allowPrivilegeEscalation"] is False
     assert context["capabilities"] == {"drop": ["ALL"]}
     assert context["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -227,7 +228,8 @@ def test_kubectl_logs_shows_the_backend_and_the_backend_is_hardened(name: str) -
         assert 'LLAMA_CPP_PYTHON_VERSION:-0.3.36' in script, "b11312 is what llama-cpp-python 0.3.36 vendors"
         assert image.endswith(":server-b11312")
     compose = (ROOT / "deploy" / "compose.yaml").read_text()
-    assert "llama.cpp:server\n" not in compose and "llama.cpp:server-b11312" in compose
+    assert "llama.cpp:server\n" not in compose
+    assert "llama.cpp:server-b11312" in compose
 
 
 # --- the sidecar component on an existing Deployment -------------------------------------------------------
