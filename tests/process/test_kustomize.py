@@ -247,7 +247,15 @@ def test_the_sidecar_component_puts_the_proxy_in_front_of_an_existing_deployment
     assert sorted(names) == sorted([SIDECAR, "vllm"])
     (backend,) = [c for c in pod["spec"]["containers"] if c["name"] == "vllm"]
     (untouched,) = original["spec"]["template"]["spec"]["containers"]
-    assert backend == untouched, "the backend container is left as it was"
+    # Issue 27 item 8: the overlay binds the backend to loopback and probes it through the proxy; the
+    # component names it the default container. Nothing else of the backend changes.
+    assert "--host=127.0.0.1" in backend["args"]
+    assert backend["args"] == [a for a in untouched["args"] if a.startswith("--model")] + ["--host=127.0.0.1"] + [
+        a for a in untouched["args"] if not a.startswith("--model")]
+    assert backend["readinessProbe"] == {"httpGet": {"path": "/health", "port": "sw-http"}}
+    assert {k: v for k, v in backend.items() if k not in ("args", "readinessProbe")} == {
+        k: v for k, v in untouched.items() if k not in ("args", "readinessProbe")}, "the rest is left as it was"
+    assert pod["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "vllm"
     assert deployment["spec"]["selector"] == original["spec"]["selector"], "a selector is immutable"
     (proxy,) = [c for c in pod["spec"]["containers"] if c["name"] == SIDECAR]
     assert proxy["image"] == "registry.example.com/streamwarden:0.1.0"
