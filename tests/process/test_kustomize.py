@@ -43,6 +43,7 @@ def kustomize(root: Path) -> list[dict[str, Any]]:
 
 
 GRAFANA = ROOT / "grafana"
+POOL = KUBERNETES / "examples" / "inference-pool"
 
 
 def kustomizations() -> list[Path]:
@@ -59,7 +60,7 @@ def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def validate_core(docs: list[dict[str, Any]]) -> None:
     for doc in docs:
-        if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        if not doc["apiVersion"].startswith(("monitoring.coreos.com/", "inference.networking.k8s.io/")):
             kubernetes_validate.validate(doc, latest_version(), strict=True)
 
 
@@ -93,7 +94,8 @@ def test_every_kustomization_renders_and_validates(folder: Path) -> None:
     rendered = kustomize(folder)
     assert rendered
     validate_core(rendered)
-    assert of_kind(rendered, "PrometheusRule"), "the alerts come with `kubectl apply -k`"
+    if folder != POOL:
+        assert of_kind(rendered, "PrometheusRule"), "the alerts come with `kubectl apply -k`"
 
 
 @needs_kubectl
@@ -171,6 +173,27 @@ def test_the_runbook_base_is_one_setting_of_the_alerts_component(tmp_path: Path)
         assert all(u == f"{wanted}#{r['alert'].lower()}" for u, r in zip(
             urls, [r for g in rule["spec"]["groups"] for r in g["rules"]], strict=True)), urls
     assert "github.com/streamwarden" not in (ROOT / "deploy" / "prometheus" / "rules.yml").read_text()
+
+
+@needs_kubectl
+def test_the_inference_pool_sends_the_gateways_traffic_to_the_proxy() -> None:
+    """Issue 27 item 9: an InferencePool (Gateway API Inference Extension v1) over the base's vLLM pods
+    targets the proxy's main port (which forwards /metrics to vLLM for the endpoint picker), never vLLM's."""
+    (pool,) = kustomize(POOL)
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert pool["kind"] == "InferencePool"
+    spec = pool["spec"]
+    assert set(spec) == {"selector", "targetPorts", "endpointPickerRef"}
+    base = kustomize(KUBERNETES)
+    assert pool["metadata"]["namespace"] == kustomize(KUBERNETES)[0]["metadata"]["name"] == "llm"
+    pods = [d["spec"]["template"] for d in of_kind(base, "Deployment")
+            if spec["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+    (pod,) = pods
+    assert [p["number"] for p in spec["targetPorts"]] == [pod_ports(pod, SIDECAR)["http"]] == [DEFAULTS["port"]]
+    (backend,) = [c for c in pod["spec"]["containers"] if c["name"] != SIDECAR]
+    assert "--host=127.0.0.1" in backend["args"], "the pool's pods are reachable only through the proxy"
+    assert spec["endpointPickerRef"]["name"]
+    assert spec["endpointPickerRef"]["port"]["number"] > 0
 
 
 # --- the backends' settings -----------------------------------------------------------------------------
