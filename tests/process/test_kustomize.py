@@ -77,12 +77,14 @@ def test_every_component_is_used_by_a_rendered_kustomization() -> None:
     components = {p for p in kustomizations() if is_component(p)}
     assert components == {
         COMPONENTS / "alerts", COMPONENTS / "without-prometheus-operator", COMPONENTS / "sidecar", GRAFANA,
+        COMPONENTS / "model-cache-pvc",
     }
     used: set[Path] = set()
     for folder in kustomizations():
         config = yaml.safe_load((folder / "kustomization.yaml").read_text())
         used |= {(folder / c).resolve() for c in config.get("components", [])}
     used.add(COMPONENTS / "without-prometheus-operator")  # commented out in the base; rendered below
+    used.add(COMPONENTS / "model-cache-pvc")  # the same
     assert components <= used
 
 
@@ -194,6 +196,34 @@ def test_the_inference_pool_sends_the_gateways_traffic_to_the_proxy() -> None:
     assert "--host=127.0.0.1" in backend["args"], "the pool's pods are reachable only through the proxy"
     assert spec["endpointPickerRef"]["name"]
     assert spec["endpointPickerRef"]["port"]["number"] > 0
+
+
+@needs_kubectl
+def test_the_model_cache_component_keeps_weights_on_a_claim_per_backend(tmp_path: Path) -> None:
+    """Issue 27 item 8: emptyDir by default (each restart downloads the model), a PVC per backend with the
+    component, as vLLM's production-stack does; nothing else changes."""
+    text = (KUBERNETES / "kustomization.yaml").read_text()
+    commented = "  # - components/model-cache-pvc\n"
+    assert commented in text
+    copy = tmp_path / "deploy" / "kubernetes"
+    shutil.copytree(KUBERNETES, copy)
+    shutil.copytree(GRAFANA, tmp_path / "grafana")
+    (copy / "kustomization.yaml").write_text(text.replace(commented, commented.replace("# ", "")))
+    default, with_pvc = kustomize(KUBERNETES), kustomize(copy)
+    validate_core(with_pvc)
+    claims = {c["metadata"]["name"]: c for c in of_kind(with_pvc, "PersistentVolumeClaim")}
+    assert not of_kind(default, "PersistentVolumeClaim")
+    for before, after in zip(of_kind(default, "Deployment"), of_kind(with_pvc, "Deployment"), strict=True):
+        volumes = {v["name"]: v for v in before["spec"]["template"]["spec"]["volumes"]}
+        assert "emptyDir" in volumes["model-cache"], "emptyDir is the default"
+        changed = {v["name"]: v for v in after["spec"]["template"]["spec"]["volumes"]}
+        claim = changed["model-cache"]["persistentVolumeClaim"]["claimName"]
+        assert claims[claim]["metadata"]["namespace"] == after["metadata"]["namespace"]
+        size = claims[claim]["spec"]["resources"]["requests"]["storage"]
+        assert size == volumes["model-cache"]["emptyDir"]["sizeLimit"]
+        assert {k: v for k, v in changed.items() if k != "model-cache"} == {
+            k: v for k, v in volumes.items() if k != "model-cache"}
+    assert len(claims) == 2
 
 
 # --- the backends' settings -----------------------------------------------------------------------------
