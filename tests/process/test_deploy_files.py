@@ -306,8 +306,10 @@ def test_kubectl_kustomize_renders_the_manifests() -> None:
     rendered = kustomize(KUBERNETES)
     namespace = kustomization()["namespace"]
     kinds = sorted(doc["kind"] for doc in rendered)
-    expected = ["Namespace", "PrometheusRule"] + [doc["kind"] for path in MANIFESTS for doc in documents(path)]
-    assert kinds == sorted(expected), "the alerts component is part of `kubectl apply -k`"
+    # The alerts component's PrometheusRule and the dashboard component's ConfigMap come with it.
+    expected = ["Namespace", "PrometheusRule", "ConfigMap"] + [
+        doc["kind"] for path in MANIFESTS for doc in documents(path)]
+    assert kinds == sorted(expected), "the alerts and the dashboard are part of `kubectl apply -k`"
     for doc in rendered:
         if doc["kind"] != "Namespace":
             assert doc["metadata"]["namespace"] == namespace, doc["metadata"]["name"]
@@ -328,8 +330,9 @@ def test_the_component_for_clusters_without_the_operator_leaves_only_the_podmoni
     text = KUSTOMIZATION.read_text()
     commented = "  # - components/without-prometheus-operator\n"
     assert commented in text, "the README's recipe: uncomment this line"
-    copy = tmp_path / "kubernetes"
+    copy = tmp_path / "deploy" / "kubernetes"
     shutil.copytree(KUBERNETES, copy)
+    shutil.copytree(ROOT / "grafana", tmp_path / "grafana")  # the base's dashboard component
     (copy / "kustomization.yaml").write_text(text.replace(commented, commented.replace("# ", "")))
     without = kustomize(copy)
     operator_kinds = {"PodMonitor", "PrometheusRule"}

@@ -42,8 +42,12 @@ def kustomize(root: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
+GRAFANA = ROOT / "grafana"
+POOL = KUBERNETES / "examples" / "inference-pool"
+
+
 def kustomizations() -> list[Path]:
-    return sorted(p.parent for p in KUBERNETES.rglob("kustomization.yaml"))
+    return sorted([GRAFANA, *(p.parent for p in KUBERNETES.rglob("kustomization.yaml"))])
 
 
 def is_component(folder: Path) -> bool:
@@ -56,7 +60,7 @@ def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def validate_core(docs: list[dict[str, Any]]) -> None:
     for doc in docs:
-        if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        if not doc["apiVersion"].startswith(("monitoring.coreos.com/", "inference.networking.k8s.io/")):
             kubernetes_validate.validate(doc, latest_version(), strict=True)
 
 
@@ -71,12 +75,16 @@ def pod_ports(pod: dict[str, Any], container: str) -> dict[str, int]:
 def test_every_component_is_used_by_a_rendered_kustomization() -> None:
     """A component cannot be rendered alone: each one must be reachable from a kustomization tested here."""
     components = {p for p in kustomizations() if is_component(p)}
-    assert components == {COMPONENTS / "alerts", COMPONENTS / "without-prometheus-operator", COMPONENTS / "sidecar"}
+    assert components == {
+        COMPONENTS / "alerts", COMPONENTS / "without-prometheus-operator", COMPONENTS / "sidecar", GRAFANA,
+        COMPONENTS / "model-cache-pvc",
+    }
     used: set[Path] = set()
     for folder in kustomizations():
         config = yaml.safe_load((folder / "kustomization.yaml").read_text())
         used |= {(folder / c).resolve() for c in config.get("components", [])}
     used.add(COMPONENTS / "without-prometheus-operator")  # commented out in the base; rendered below
+    used.add(COMPONENTS / "model-cache-pvc")  # the same
     assert components <= used
 
 
@@ -88,7 +96,8 @@ def test_every_kustomization_renders_and_validates(folder: Path) -> None:
     rendered = kustomize(folder)
     assert rendered
     validate_core(rendered)
-    assert of_kind(rendered, "PrometheusRule"), "the alerts come with `kubectl apply -k`"
+    if folder != POOL:
+        assert of_kind(rendered, "PrometheusRule"), "the alerts come with `kubectl apply -k`"
 
 
 @needs_kubectl
@@ -119,8 +128,9 @@ def test_the_release_label_patch_of_the_readme_labels_every_monitoring_object(tm
     patch = "".join(line.removeprefix("# ") + "\n" for line in commented[0].splitlines())
     blocks = [textwrap.dedent(b) for b in re.findall(r"```yaml\n(.*?)^\s*```", README, re.M | re.S)]
     assert patch in blocks, "the README's step shows this patch"
-    copy = tmp_path / "kubernetes"
+    copy = tmp_path / "deploy" / "kubernetes"
     shutil.copytree(KUBERNETES, copy)
+    shutil.copytree(GRAFANA, tmp_path / "grafana")  # the base's dashboard component
     (copy / "kustomization.yaml").write_text(text.replace(commented[0], patch))
     rendered = kustomize(copy)
     monitoring = [d for d in rendered if d["apiVersion"].startswith("monitoring.coreos.com/")]
@@ -128,6 +138,92 @@ def test_the_release_label_patch_of_the_readme_labels_every_monitoring_object(tm
     assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in monitoring)
     others = [d for d in rendered if not d["apiVersion"].startswith("monitoring.coreos.com/")]
     assert all("release" not in d["metadata"].get("labels", {}) for d in others)
+
+
+@needs_kubectl
+def test_apply_k_brings_the_dashboard_for_the_grafana_sidecar() -> None:
+    """Issue 27: kube-prometheus-stack's Grafana sidecar loads ConfigMaps labelled grafana_dashboard: "1";
+    the base renders one from grafana/streamwarden.json, byte for byte, under a name that does not change."""
+    rendered = kustomize(KUBERNETES)
+    (dashboard,) = [c for c in of_kind(rendered, "ConfigMap") if c["metadata"].get("labels", {}).get(
+        "grafana_dashboard") == "1"]
+    assert dashboard["metadata"]["name"] == "streamwarden-dashboard", "no hash suffix: apply -k does not prune"
+    assert dashboard["data"] == {"streamwarden.json": (GRAFANA / "streamwarden.json").read_text()}
+    copies = [p for p in ROOT.rglob("*.json") if ".venv" not in p.parts and "uid" in p.read_text()[:200]
+              and '"streamwarden"' in p.read_text()]
+    assert copies == [GRAFANA / "streamwarden.json"], "one copy of the dashboard"
+
+
+@needs_kubectl
+def test_the_runbook_base_is_one_setting_of_the_alerts_component(tmp_path: Path) -> None:
+    """Issue 27: runbook_url pointed at an organisation that does not exist; where docs/runbooks.md lives
+    is set once (components/alerts/runbooks.yaml) and reaches every rule, and the setting is not applied."""
+    setting = COMPONENTS / "alerts" / "runbooks.yaml"
+    (base,) = {yaml.safe_load(setting.read_text())["data"]["base"]}
+    assert base.endswith("/docs/runbooks.md")
+    copy = tmp_path / "deploy" / "kubernetes"
+    shutil.copytree(KUBERNETES, copy)
+    shutil.copytree(GRAFANA, tmp_path / "grafana")
+    mine = "https://wiki.internal.example/llm/runbooks.md"
+    (copy / "components" / "alerts" / "runbooks.yaml").write_text(setting.read_text().replace(base, mine))
+    for folder, wanted in ((KUBERNETES, base), (copy, mine)):
+        rendered = kustomize(folder)
+        assert not [c for c in of_kind(rendered, "ConfigMap") if c["metadata"]["name"] == "streamwarden-runbooks"]
+        (rule,) = of_kind(rendered, "PrometheusRule")
+        urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]]
+        assert len(urls) >= 9
+        assert all(u == f"{wanted}#{r['alert'].lower()}" for u, r in zip(
+            urls, [r for g in rule["spec"]["groups"] for r in g["rules"]], strict=True)), urls
+    assert "github.com/streamwarden" not in (ROOT / "deploy" / "prometheus" / "rules.yml").read_text()
+
+
+@needs_kubectl
+def test_the_inference_pool_sends_the_gateways_traffic_to_the_proxy() -> None:
+    """Issue 27 item 9: an InferencePool (Gateway API Inference Extension v1) over the base's vLLM pods
+    targets the proxy's main port (which forwards /metrics to vLLM for the endpoint picker), never vLLM's."""
+    (pool,) = kustomize(POOL)
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert pool["kind"] == "InferencePool"
+    spec = pool["spec"]
+    assert set(spec) == {"selector", "targetPorts", "endpointPickerRef"}
+    base = kustomize(KUBERNETES)
+    assert pool["metadata"]["namespace"] == kustomize(KUBERNETES)[0]["metadata"]["name"] == "llm"
+    pods = [d["spec"]["template"] for d in of_kind(base, "Deployment")
+            if spec["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+    (pod,) = pods
+    assert [p["number"] for p in spec["targetPorts"]] == [pod_ports(pod, SIDECAR)["http"]] == [DEFAULTS["port"]]
+    (backend,) = [c for c in pod["spec"]["containers"] if c["name"] != SIDECAR]
+    assert "--host=127.0.0.1" in backend["args"], "the pool's pods are reachable only through the proxy"
+    assert spec["endpointPickerRef"]["name"]
+    assert spec["endpointPickerRef"]["port"]["number"] > 0
+
+
+@needs_kubectl
+def test_the_model_cache_component_keeps_weights_on_a_claim_per_backend(tmp_path: Path) -> None:
+    """Issue 27 item 8: emptyDir by default (each restart downloads the model), a PVC per backend with the
+    component, as vLLM's production-stack does; nothing else changes."""
+    text = (KUBERNETES / "kustomization.yaml").read_text()
+    commented = "  # - components/model-cache-pvc\n"
+    assert commented in text
+    copy = tmp_path / "deploy" / "kubernetes"
+    shutil.copytree(KUBERNETES, copy)
+    shutil.copytree(GRAFANA, tmp_path / "grafana")
+    (copy / "kustomization.yaml").write_text(text.replace(commented, commented.replace("# ", "")))
+    default, with_pvc = kustomize(KUBERNETES), kustomize(copy)
+    validate_core(with_pvc)
+    claims = {c["metadata"]["name"]: c for c in of_kind(with_pvc, "PersistentVolumeClaim")}
+    assert not of_kind(default, "PersistentVolumeClaim")
+    for before, after in zip(of_kind(default, "Deployment"), of_kind(with_pvc, "Deployment"), strict=True):
+        volumes = {v["name"]: v for v in before["spec"]["template"]["spec"]["volumes"]}
+        assert "emptyDir" in volumes["model-cache"], "emptyDir is the default"
+        changed = {v["name"]: v for v in after["spec"]["template"]["spec"]["volumes"]}
+        claim = changed["model-cache"]["persistentVolumeClaim"]["claimName"]
+        assert claims[claim]["metadata"]["namespace"] == after["metadata"]["namespace"]
+        size = claims[claim]["spec"]["resources"]["requests"]["storage"]
+        assert size == volumes["model-cache"]["emptyDir"]["sizeLimit"]
+        assert {k: v for k, v in changed.items() if k != "model-cache"} == {
+            k: v for k, v in volumes.items() if k != "model-cache"}
+    assert len(claims) == 2
 
 
 # --- the backends' settings -----------------------------------------------------------------------------
@@ -156,6 +252,39 @@ def test_llamacpp_serves_its_own_metrics() -> None:
     assert "--metrics" in llama["args"]
 
 
+BACKENDS = {"vllm-sidecar.yaml": "vllm", "llamacpp-sidecar.yaml": "llama-server"}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_kubectl_logs_shows_the_backend_and_the_backend_is_hardened(name: str) -> None:
+    """Issue 27 item 8: the default container is the backend; it binds loopback only (the pod IP reaches
+    only the proxy); it runs non-root with no capabilities; llama.cpp's image tag does not float."""
+    deployment = manifest_deployment(name)
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == BACKENDS[name]
+    (backend,) = [c for c in pod["spec"]["containers"] if c["name"] == BACKENDS[name]]
+    assert "--host=127.0.0.1" in backend["args"]
+    assert not backend.get("ports"), "nothing to publish: the backend is reached through the proxy"
+    context = backend["securityContext"]
+    assert context["runAsNonRoot"] is True
+    assert context["runAsUser"] != 0
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    if context["readOnlyRootFilesystem"]:
+        mounts = {m["mountPath"] for m in backend["volumeMounts"]}
+        assert "/tmp" in mounts
+    image = backend["image"]
+    assert re.fullmatch(r"[^:]+:(v\d+\.\d+\.\d+|server-b\d+)", image), image
+    if name == "llamacpp-sidecar.yaml":
+        script = (ROOT / "scripts" / "build-llama-server.sh").read_text()
+        assert 'LLAMA_CPP_PYTHON_VERSION:-0.3.36' in script, "b11312 is what llama-cpp-python 0.3.36 vendors"
+        assert image.endswith(":server-b11312")
+    compose = (ROOT / "deploy" / "compose.yaml").read_text()
+    assert "llama.cpp:server\n" not in compose
+    assert "llama.cpp:server-b11312" in compose
+
+
 # --- the sidecar component on an existing Deployment -------------------------------------------------------
 
 
@@ -171,7 +300,15 @@ def test_the_sidecar_component_puts_the_proxy_in_front_of_an_existing_deployment
     assert sorted(names) == sorted([SIDECAR, "vllm"])
     (backend,) = [c for c in pod["spec"]["containers"] if c["name"] == "vllm"]
     (untouched,) = original["spec"]["template"]["spec"]["containers"]
-    assert backend == untouched, "the backend container is left as it was"
+    # Issue 27 item 8: the overlay binds the backend to loopback and probes it through the proxy; the
+    # component names it the default container. Nothing else of the backend changes.
+    assert "--host=127.0.0.1" in backend["args"]
+    assert backend["args"] == [a for a in untouched["args"] if a.startswith("--model")] + ["--host=127.0.0.1"] + [
+        a for a in untouched["args"] if not a.startswith("--model")]
+    assert backend["readinessProbe"] == {"httpGet": {"path": "/health", "port": "sw-http"}}
+    assert {k: v for k, v in backend.items() if k not in ("args", "readinessProbe")} == {
+        k: v for k, v in untouched.items() if k not in ("args", "readinessProbe")}, "the rest is left as it was"
+    assert pod["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "vllm"
     assert deployment["spec"]["selector"] == original["spec"]["selector"], "a selector is immutable"
     (proxy,) = [c for c in pod["spec"]["containers"] if c["name"] == SIDECAR]
     assert proxy["image"] == "registry.example.com/streamwarden:0.1.0"

@@ -72,10 +72,25 @@ FIXED_VALUES: dict[tuple[str, str], frozenset[str]] = {
 }
 
 
+# The backend's own series the dashboard shows (job llm-backend, scraped through the proxy's main port),
+# with the labels the backends export them with: vLLM's as recorded from a real vLLM
+# (/work/shared/research/vllm-cpu-samples/metrics_sample.txt), llama.cpp's from the llama-server tier
+# (tests/real: requests_processing, requests_deferred). A name not here is no backend metric.
+BACKEND_METRICS: dict[str, frozenset[str]] = {
+    "vllm:num_requests_running": frozenset({"engine", "model_name"}),
+    "vllm:num_requests_waiting": frozenset({"engine", "model_name"}),
+    "vllm:kv_cache_usage_perc": frozenset({"engine", "model_name"}),
+    "llamacpp:requests_processing": frozenset(),
+    "llamacpp:requests_deferred": frozenset(),
+}
+
+
 def family(series: str) -> tuple[str, frozenset[str]]:
     """The contract metric a series name belongs to, and the labels the series carries."""
     if series in METRICS:
         return series, METRICS[series][1]
+    if series in BACKEND_METRICS:
+        return series, BACKEND_METRICS[series]
     if series == "up":  # Prometheus' own per-target health series: only target labels
         return series, frozenset()
     for suffix, extra in (("_bucket", {"le"}), ("_sum", set()), ("_count", set())):
@@ -153,6 +168,11 @@ def test_dashboard_has_the_panels_of_the_brief() -> None:
     assert has("streamwarden_upstream_up", {"pod"})
     assert has("streamwarden_build_info", {"version"})
     assert has("streamwarden_aborts_total", {"phase"})  # issue 13
+    # issue 27: resumes, cancel-hook failures and the backend's own queue and KV cache
+    assert has("streamwarden_stream_resumes_total", {"reason", "result"})
+    assert has("streamwarden_cancel_hook_failures_total", {"reason"})
+    for backend in BACKEND_METRICS:
+        assert has(backend, {"pod"}), backend
     exprs = "\n".join(dashboard_exprs())
     for histogram in (
         "streamwarden_time_to_first_token_seconds",
@@ -176,6 +196,8 @@ RATE_UNITS = {
     "streamwarden_aborts_total": "reqps",
     "streamwarden_stream_rewrites_total": "suffix: rewrites/s",
     "streamwarden_tokens_total": "suffix: tokens/s",
+    "streamwarden_stream_resumes_total": "reqps",
+    "streamwarden_cancel_hook_failures_total": "reqps",
 }
 
 
@@ -192,6 +214,10 @@ def expected_unit(expr: str) -> str:
         assert len(units) == 1, expr
         return units.pop()
     [metric] = metrics
+    if metric == "vllm:kv_cache_usage_perc":
+        return "percentunit"  # a fraction already: 1 is full
+    if metric in BACKEND_METRICS:
+        return "short"  # requests in the backend's queue
     return {"streamwarden_inflight_requests": "short"}.get(metric, "none")  # a count; up/build info: values
 
 
