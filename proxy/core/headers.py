@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
+__all__ = ["HOP_BY_HOP", "is_chunked", "request_headers", "response_headers"]
 
 # RFC 9110 7.6.1 plus the classic extras; Proxy-Authorization is end-to-end here.
 HOP_BY_HOP = frozenset(
@@ -64,3 +64,12 @@ def response_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str], *, body_
     """
     extra = ("content-length", "content-encoding", "content-type") if body_rewritten else ()
     return _end_to_end(headers, extra)
+
+
+def is_chunked(transfer_encodings: Iterable[str]) -> bool:
+    """A message is chunked when `chunked` is the final coding of its `Transfer-Encoding` list, matched
+    as a whole token (RFC 9112 6.3): `chunked, gzip` and `xchunked` are not (a response is then framed
+    by the close), however the word is spelled inside."""
+    codings = [token.strip().lower() for value in transfer_encodings for token in value.split(",")]
+    codings = [token for token in codings if token]
+    return bool(codings) and codings[-1] == "chunked"
