@@ -11,7 +11,7 @@ import importlib.util
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -324,7 +324,8 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "drain-timeout": (_seconds, "30", "seconds streams may run on after SIGTERM"),
     "max-body-size": (parse_size, "64MiB", "largest request body; bigger gets 413 and nothing is sent upstream"),
     "upstream-max-connections": (
-        _count, "0", "upstream connection pool size; 0 is unlimited (a proxy must not add a queue the backend has not)",
+        _count, "0", "upstream connection pool size, for the whole sidecar (split across workers); 0 is unlimited "
+        "(a proxy must not add a queue the backend has not)",
     ),
     "client-stall-timeout": (_positive_seconds, "60", "seconds a client may stop reading before it counts as gone"),
     "health-path": (_path, "/v1/models", "upstream path that /readyz probes"),
@@ -345,10 +346,12 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "client-keepalive-timeout": (_positive_seconds, "75", "seconds an idle keep-alive client connection stays open"),
     "max-header-size": (parse_size, "64KiB", "largest request line plus headers accepted (bigger: 431)"),
     "max-client-connections": (
-        _positive_count, "4096", "open client connections on the main port (more: 503 and closed)",
+        _positive_count, "4096",
+        "open client connections on the main port, for the whole sidecar (split across workers; more: 503 and closed)",
     ),
     "max-buffered-body-bytes": (
-        parse_size, "256MiB", "request body bytes held at once across all requests (more: 503)",
+        parse_size, "256MiB",
+        "request body bytes held at once across all requests, for the whole sidecar (split across workers; more: 503)",
     ),
     "workers": (
         _workers, "1", "worker processes sharing the main port (SO_REUSEPORT); auto: the CPUs this process may use",
@@ -434,6 +437,31 @@ class Config:
         """The upstream URL without a password, for logs."""
         url = URL(self.upstream)
         return str(url.with_password("***")) if url.password else str(url)
+
+    def worker_share(self, index: int) -> Config:
+        """What worker `index` of `--workers N` may hold: each bound that is promised for the whole
+        sidecar (body bytes held, client connections, upstream connections), split across the
+        workers, the remainder to the first ones, so that their sum is the configured bound.
+
+        A worker gets at least one connection of each kind (a bound below N workers is then N); an
+        unlimited upstream pool (0) stays unlimited. A body larger than a worker's share of the body
+        budget is refused by that worker (503) though the sidecar's whole budget is free: the price
+        of workers that do not share memory.
+        """
+        workers = max(1, self.workers)
+        if workers == 1:
+            return self
+
+        def share(total: int, least: int) -> int:
+            return max(least, total // workers + (1 if index < total % workers else 0))
+
+        pool = self.upstream_max_connections
+        return replace(
+            self,
+            max_buffered_body_bytes=share(self.max_buffered_body_bytes, 1),
+            max_client_connections=share(self.max_client_connections, 1),
+            upstream_max_connections=share(pool, 1) if pool else 0,
+        )
 
 
 def env_name(flag: str) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
+__all__ = ["HOP_BY_HOP", "is_chunked", "request_headers", "response_headers"]
 
 # RFC 9110 7.6.1 plus the classic extras; Proxy-Authorization is end-to-end here.
 HOP_BY_HOP = frozenset(
@@ -69,3 +71,12 @@ def response_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str], *, body_
     described the upstream's bytes are dropped (the client writer frames the body it sends).
     """
     return _end_to_end(headers, _DROP_REWRITTEN if body_rewritten else _DROP_RESPONSE)
+
+
+def is_chunked(transfer_encodings: Iterable[str]) -> bool:
+    """A message is chunked when `chunked` is the final coding of its `Transfer-Encoding` list, matched
+    as a whole token (RFC 9112 6.3): `chunked, gzip` and `xchunked` are not (a response is then framed
+    by the close), however the word is spelled inside."""
+    codings = [token.strip().lower() for value in transfer_encodings for token in value.split(",")]
+    codings = [token for token in codings if token]
+    return bool(codings) and codings[-1] == "chunked"

@@ -7,7 +7,7 @@ large_client_header_buffers bound it) and the header timeout knows when the head
 
 from __future__ import annotations
 
-__all__ = ["HeadScanner", "HeadTooLarge", "framing_error", "request_line_refusal"]
+__all__ = ["HeadScanner", "HeadTooLarge", "framing_error", "head_refusal", "request_line_refusal"]
 
 _ENDS = (b"\r\n\r\n", b"\n\n")
 
@@ -84,4 +84,38 @@ def request_line_refusal(line: bytes) -> tuple[int, str] | None:
         return 505, _PHRASES[505]
     if method == b"TRACE":
         return 405, _PHRASES[405]
+    return None
+
+
+_NOT_CHUNKED = "only the chunked transfer coding is implemented for request bodies"
+
+
+def head_refusal(
+    method: str, version: tuple[int, int], target: str, headers: list[tuple[str, str]]
+) -> tuple[int, str] | None:
+    """The status and message of a parsed request head nginx refuses, or None.
+
+    Checked on every request, a pipelined one too (the request-line check above sees only a
+    connection's first): TRACE 405, a version other than HTTP/1.x 505; HTTP/1.1 without exactly one
+    `Host`, an absolute-form target with userinfo, `Expect` twice: 400 (each is a way for two hops
+    to disagree on the target or the framing); a `Transfer-Encoding` other than exactly `chunked`:
+    501, as nginx, at once (the body's length cannot be known, RFC 9112 6.3).
+    """
+    if version[0] != 1:
+        return 505, _PHRASES[505]
+    if method == "TRACE":
+        return 405, _PHRASES[405]
+    names = [name.lower() for name, _ in headers]
+    hosts = names.count("host")
+    if hosts > 1:
+        return 400, "the request has more than one Host header"
+    if hosts == 0 and version >= (1, 1):
+        return 400, "an HTTP/1.1 request must have a Host header"
+    if names.count("expect") > 1:
+        return 400, "the request has more than one Expect header"
+    if not target.startswith("/") and "@" in target.partition("://")[2].split("/", 1)[0].split("?", 1)[0]:
+        return 400, "the request target must not carry userinfo"
+    codings = [value for name, value in headers if name.lower() == "transfer-encoding"]
+    if codings and version >= (1, 1) and ", ".join(codings).strip().lower() != "chunked":
+        return 501, _NOT_CHUNKED
     return None

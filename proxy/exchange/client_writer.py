@@ -70,12 +70,13 @@ def _phrase(status: int) -> str:
 
 
 class ClientWriter:
-    __slots__ = ("_chunked", "_closing", "_held_head", "ex", "life", "request", "response", "stall_timeout")
+    __slots__ = ("_chunked", "_closing", "_ended", "_held_head", "ex", "life", "request", "response", "stall_timeout")
 
     def __init__(self, request: ClientRequest, ex: ExchangeRecord, life: Lifecycle, stall_timeout: float) -> None:
         self.request = request
         self.ex = ex
         self._held_head = b""
+        self._ended = False  # the body's end (its last chunk) went out: once only
         self.life = life
         self.stall_timeout = stall_timeout
         self.response: ResponseHead | None = None
@@ -191,8 +192,9 @@ class ClientWriter:
         self.request.channel.flow_hooks = None
 
     async def finish(self) -> None:
-        """The body is complete: its end goes out (the last chunk), and the client takes it in."""
-        if self._chunked and self._body_allowed():
+        """The body is complete: its end goes out (the last chunk, once), and the client takes it in."""
+        if self._chunked and self._body_allowed() and not self._ended:
+            self._ended = True
             self._send(b"0\r\n\r\n")
         await self.drained()
 

@@ -3,8 +3,12 @@
 Each request becomes a `ClientRequest` handed to one exchange task (`proxy.exchange.handler.handle`);
 its body arrives from this protocol's callbacks, and the exchange writes its answer straight to the
 transport. One request is answered at a time: a pipelined one waits, parsed, until the one before it
-is answered (reading pauses meanwhile), so answers go out in order. A client that leaves is an event
-to its exchange (`ClientRequest.depart`), which ends it and cancels the upstream. The
+is answered, so answers go out in order. What a connection parses ahead is bounded: llhttp is fed one
+request at a time (`proxy.core.message_end` cuts the bytes at each request's end), and once
+MAX_PARSED_AHEAD requests wait behind the one in progress, the rest of the read is held unparsed and
+reading pauses until the queue drains (nginx, too, parses the next request only when its turn
+comes). A client that leaves is an event to its exchange (`ClientRequest.depart`), which ends it and
+cancels the upstream. The
 per-connection rules are nginx's defaults:
 
 - `--client-header-timeout`: the request line and headers must arrive within it (from the accept,
@@ -13,8 +17,11 @@ per-connection rules are nginx's defaults:
   `--client-keepalive-timeout`.
 - `--max-header-size`: the request line plus headers, in total; beyond it 431 and close.
 - `--max-client-connections`: beyond it a new connection gets a 503 and is closed.
-- a request llhttp rejects gets a JSON 400 and is logged and counted (`bad_request`); a request line
-  nginx refuses though it parses (TRACE: 405, a version other than HTTP/1.x: 505) too.
+- a request llhttp rejects gets a JSON 400 and is logged and counted (`bad_request`); a head nginx
+  refuses though it parses (`proxy.core.http_head.head_refusal`: TRACE 405, a version other than
+  HTTP/1.x 505, no or two Hosts 400, an unknown transfer coding 501, ...) too, a pipelined one in its
+  turn. A body llhttp rejects after its head (a bad chunk line) is answered 400 at once, not after
+  `--client-body-timeout`.
 - a response that leaves the request body unread (a 413, say) closes the connection after reading
   and discarding the rest for at most 5 s (nginx's lingering close), so the client sees the answer.
 
@@ -36,15 +43,22 @@ from urllib.parse import unquote
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.core.http_head import HeadScanner, HeadTooLarge, request_line_refusal
+from proxy.core.http_head import HeadScanner, HeadTooLarge, head_refusal, request_line_refusal
 from proxy.core.lifecycle import Reason
+from proxy.core.message_end import MessageEnd
 from proxy.exchange.client import ClientRequest
+from proxy.exchange.failures import Refusal
 from proxy.exchange.reply import refuse_connection
 from proxy.observe.books import Books
 
-__all__ = ["LINGERING_SECONDS", "ClientConnection", "ConnectionRules", "MainPort"]
+__all__ = ["LINGERING_SECONDS", "MAX_PARSED_AHEAD", "ClientConnection", "ConnectionRules", "MainPort"]
 
 LINGERING_SECONDS = 5.0  # reading and discarding an unread request body before the close (nginx: 5 s)
+MAX_PARSED_AHEAD = 1  # pipelined requests parsed and waiting behind the one in progress
+_BAD_BODY = "the request body's chunked framing is not valid HTTP/1.1"
+# Why reading is paused (it resumes when none is left): a body's unread bytes past their high-water
+# mark, the parse-ahead bound, or the end of parsing (a refusal, garbage, an upgrade: then the close).
+_BODY, _PIPELINE, _STOP = "body", "pipeline", "stop"
 _Handler = Callable[[ClientRequest], Coroutine[Any, Any, object]]
 
 
@@ -119,6 +133,12 @@ class ClientConnection(asyncio.Protocol):
         self._reading = True
         self._head_bytes = 0
         self._too_large = False
+        self._cutter = MessageEnd()
+        self._unparsed = b""  # read but not fed to llhttp: held while reading is paused
+        self._blocks: set[str] = set()
+        self._release_due = False
+        self._refusals: dict[ClientRequest, tuple[int, str]] = {}  # pipelined heads refused in their turn
+        self.peak_parsed_ahead = 0
 
     # ---- ClientChannel ------------------------------------------------------------------------------
 
@@ -137,14 +157,21 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
 
     def pause_reading(self) -> None:
-        if self._reading and self.transport is not None and not self._closed:
-            self._reading = False
-            self.transport.pause_reading()
+        """A request body's reader has enough unread (its high-water mark)."""
+        self._block(_BODY)
 
     def resume_reading(self) -> None:
-        if not self._reading and self.transport is not None and not self._closed:
-            self._reading = True
-            self.transport.resume_reading()
+        self._unblock(_BODY)
+
+    @property
+    def parsed_ahead(self) -> int:
+        """Requests parsed and waiting behind the one in progress (at most MAX_PARSED_AHEAD)."""
+        return len(self._queue)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes read from the socket and held unparsed (at most one read's worth)."""
+        return len(self._unparsed)
 
     # ---- the transport's callbacks ------------------------------------------------------------------
 
@@ -209,22 +236,79 @@ class ClientConnection(asyncio.Protocol):
             if complete:
                 self._head = None
                 self._disarm()
+        if self._unparsed:
+            self._unparsed += data  # (a read that came as reading paused: after what is held, in order)
+            return
+        self._feed(data)
+
+    # ---- feeding llhttp, one request at a time ----------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        """Feed what came, cut at each request's end; hold the rest once reading is paused."""
+        view = memoryview(data)
+        while view:
+            if self._blocks and not self._lingering:
+                self._unparsed = bytes(view)
+                return
+            size = len(view) if self._lingering else self._cutter.cut(view)
+            if not self._parse(view[:size]):
+                self._unparsed = b""
+                return
+            view = view[size:]
+        self._unparsed = b""
+
+    def _parse(self, piece: memoryview) -> bool:
+        """One piece to llhttp; False when nothing more is to be parsed on this connection."""
         try:
-            self._parser.feed_data(data)
+            self._parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
             self._close_after = True  # (Upgrade is hop-by-hop: the request is answered, then the close)
+            self._block(_STOP)
         except httptools.HttpParserError:
-            if self._lingering:
-                self.close_now()
-            elif self._current is None and self._parsing is None:
-                if self._too_large:
-                    limit = self._rules.max_header_size
-                    self._refuse(Reason.BAD_REQUEST, f"the request line and headers exceed {limit} bytes", 431)
-                else:
-                    self._refuse(Reason.BAD_REQUEST, "the request is not valid HTTP/1.1")
+            self._parse_failed()
+            return False
+        return not self._closed and self.transport is not None and not self.transport.is_closing()
+
+    def _parse_failed(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # (the head was refused already: what llhttp makes of the rest is moot)
+        if self._lingering:
+            self.close_now()
+        elif self._current is None and self._parsing is None:
+            if self._too_large:
+                limit = self._rules.max_header_size
+                self._refuse(Reason.BAD_REQUEST, f"the request line and headers exceed {limit} bytes", 431)
             else:
-                self._close_after = True  # garbage behind a request: it is answered, then the close
-                self.pause_reading()
+                self._refuse(Reason.BAD_REQUEST, "the request is not valid HTTP/1.1")
+        else:
+            if self._parsing is not None:  # its body broke: its exchange answers 400 now, not at its timeout
+                self._parsing.content.set_exception(Refusal(Reason.BAD_REQUEST, _BAD_BODY))
+            self._close_after = True  # garbage behind a request: it is answered, then the close
+            self._block(_STOP)
+
+    def _block(self, why: str) -> None:
+        self._blocks.add(why)
+        if self._reading and self.transport is not None and not self._closed:
+            self._reading = False
+            self.transport.pause_reading()
+
+    def _unblock(self, why: str) -> None:
+        self._blocks.discard(why)
+        if not self._blocks and not self._release_due and not self._closed:
+            self._release_due = True
+            self._loop.call_soon(self._release)  # (not inside the reader's or the answer's call)
+
+    def _release(self) -> None:
+        """Nothing holds reading back: what was held is parsed, then the socket is read again."""
+        self._release_due = False
+        if self._blocks or self._closed:
+            return
+        held, self._unparsed = self._unparsed, b""
+        if held:
+            self._feed(held)
+        if not self._blocks and not self._reading and self.transport is not None and not self._closed:
+            self._reading = True
+            self.transport.resume_reading()
 
     # ---- llhttp's callbacks -------------------------------------------------------------------------
 
@@ -256,19 +340,39 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserInvalidURLError:
             path = raw
         major, _, minor = parser.get_http_version().partition(".")
+        method, version = parser.get_method().decode("ascii", "replace"), (int(major), int(minor or 0))
         request = ClientRequest(
-            self, parser.get_method().decode("ascii", "replace"), raw, path, (int(major), int(minor or 0)),
-            CIMultiDictProxy(CIMultiDict(self._headers)), remote=self._peer, keep_alive=parser.should_keep_alive(),
+            self, method, raw, path, version, CIMultiDictProxy(CIMultiDict(self._headers)),
+            remote=self._peer, keep_alive=parser.should_keep_alive(),
         )
-        self._parsing = request
+        self._cutter.framed(request.content_length, "Transfer-Encoding" in request.headers)
         self._head = None
         if self._timer is not None and not self._timer_is_keepalive:
             self._disarm()
+        if (refusal := head_refusal(method, version, raw, self._headers)) is not None:
+            self._refuse_head(request, refusal)
+            return
+        self._parsing = request
         if self._current is None:
             self._start(request)
         else:
-            self._queue.append(request)
-            self.pause_reading()  # one pipelined request at a time
+            self._enqueue(request)
+
+    def _refuse_head(self, request: ClientRequest, refusal: tuple[int, str]) -> None:
+        """A head nginx refuses: answered now, or in its turn behind the request in progress."""
+        status, message = refusal
+        if self._current is None:
+            self._refuse(Reason.BAD_REQUEST, message, status)
+            return
+        self._refusals[request] = refusal
+        self._enqueue(request)
+        self._block(_STOP)  # nothing behind it is parsed: the connection closes after its answer
+
+    def _enqueue(self, request: ClientRequest) -> None:
+        self._queue.append(request)
+        self.peak_parsed_ahead = max(self.peak_parsed_ahead, len(self._queue))
+        if len(self._queue) >= MAX_PARSED_AHEAD:
+            self._block(_PIPELINE)
 
     def on_body(self, body: bytes) -> None:
         if self._parsing is not None and not self._lingering:
@@ -280,11 +384,10 @@ class ClientConnection(asyncio.Protocol):
         if self._lingering:
             self.close_now()
             return
+        self._cutter.ended()
         if request is not None:
             self._complete.add(request)
             request.content.feed_eof()
-            if self._current is not None and request is not self._current:
-                self.pause_reading()
         if self._current is not None or self._queue:
             self._head = None  # a pipelined request's head: measured when its turn comes
         else:
@@ -307,6 +410,10 @@ class ClientConnection(asyncio.Protocol):
     # ---- the exchanges ----------------------------------------------------------------------------
 
     def _start(self, request: ClientRequest) -> None:
+        if (refusal := self._refusals.pop(request, None)) is not None:
+            self._queue.clear()
+            self._refuse(Reason.BAD_REQUEST, refusal[1], refusal[0])
+            return
         self._current = request
         self._task = self._loop.create_task(self._run(request))
 
@@ -334,18 +441,20 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._queue:
             self._start(self._queue.popleft())
-            self.resume_reading()
+            if len(self._queue) < MAX_PARSED_AHEAD:
+                self._unblock(_PIPELINE)
             return
         self._head = HeadScanner(self._rules.max_header_size)
         self._arm(self._rules.keepalive_timeout, self._idle_timed_out, keepalive=True)
-        self.resume_reading()
+        self._unblock(_PIPELINE)
 
     def _linger(self) -> None:
         """Read and discard the rest of the request body, for at most LINGERING_SECONDS, then close."""
         assert self.transport is not None
         self._lingering = True
         self._queue.clear()
-        self.resume_reading()
+        self._blocks.clear()
+        self._unblock(_PIPELINE)
         self._arm(LINGERING_SECONDS, self.close_now)
 
     # ---- timers and refusals ----------------------------------------------------------------------
@@ -385,6 +494,7 @@ class ClientConnection(asyncio.Protocol):
         status written and booked, then the close."""
         self._head = None
         self._disarm()
+        self._block(_STOP)
         refuse_connection(self, self._port.books, reason, message, status=status, remote=self._peer)
         transport = self.transport
         if transport is not None:

@@ -9,7 +9,9 @@ What it refuses, so that the pool never hands one client's bytes to another: a b
 no request waits (the connection is closed at once), a second response behind the first in one read
 (closed after the first), an unrequested `101`, more interim (1xx) responses or a larger head than
 any backend sends (`bad_upstream_response`), and whatever llhttp rejects (bad framing, CL with TE).
-A response to HEAD, or one framed by the close, is never reused.
+A response to HEAD, or one framed by the close, is never reused. A chunked body's trailers are
+dropped (nginx does not pass them either): a trailer `Set-Cookie` or `Location` never becomes a
+header, and a `Transfer-Encoding` is chunked only when `chunked` is its final coding (RFC 9112 6.3).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Final, cast
 import httptools
 from multidict import CIMultiDict
 
+from proxy.core.headers import is_chunked
 from proxy.core.lifecycle import Reason
 from proxy.exchange.failures import UpstreamFailure
 from proxy.exchange.upstream import BodySink, UpstreamHead
@@ -176,7 +179,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._grow(len(status))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._grow(len(name) + len(value) + 4)
+        self._grow(len(name) + len(value) + 4)  # (trailers too: a flood of them is bounded with the head)
+        if self._state != _WAITING:
+            return  # a chunked body's trailer: dropped, as nginx does (never a response header)
         self._headers.add(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
 
     def on_headers_complete(self) -> None:
@@ -191,7 +196,7 @@ class UpstreamConnection(asyncio.Protocol):
         headers = self._headers
         length = headers.get("Content-Length")
         content_length = int(length) if length is not None and length.isdigit() else None
-        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        chunked = is_chunked(headers.getall("Transfer-Encoding", ()))
         no_body = self._head_only or status in (204, 304)
         self._until_eof = not no_body and content_length is None and not chunked
         self._state = _BODY

@@ -244,7 +244,8 @@ class Supervisor:
             proc.send_signal(signal.SIGTERM)
         assert proc.stdin is not None
         assert proc.stdout is not None
-        boot = WorkerBoot(self._worker_config, slot.index, self.multiprocess_dir, self._served)
+        share = self._worker_config.worker_share(slot.index)  # the sidecar's bounds, split across the workers
+        boot = WorkerBoot(share, slot.index, self.multiprocess_dir, self._served)
         proc.stdin.write(encode_boot(boot))
         with contextlib.suppress(ConnectionError):
             await proc.stdin.drain()

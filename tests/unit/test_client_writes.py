@@ -97,3 +97,13 @@ async def test_the_end_of_the_body_carries_a_held_head() -> None:
     [write] = channel.transport.writes
     assert write.startswith(b"HTTP/1.1 200 OK\r\n")
     assert write.endswith(b"\r\n\r\n0\r\n\r\n")
+
+
+async def test_the_last_chunk_goes_out_once() -> None:
+    """A relayed chunked body ends in `finish`, and the exchange's settling calls it again."""
+    out, channel, _ex = _writer()
+    await out.commit(ResponseHead(200, {"Content-Type": "application/octet-stream"}))
+    await out.write(EVENT)
+    await out.finish()
+    await out.finish()
+    assert b"".join(channel.transport.writes).count(b"0\r\n\r\n") == 1

@@ -180,3 +180,24 @@ def test_bad_cancel_hook_names_the_flag(value: str, words: str) -> None:
 def test_bad_cancel_hook_from_the_environment_names_the_variable() -> None:
     with pytest.raises(ConfigError, match=r"--cancel-hook \(from STREAMWARDEN_CANCEL_HOOK\)"):
         _config(["--upstream", "http://u:1"], {"STREAMWARDEN_CANCEL_HOOK": "nope"})
+
+
+def test_the_sidecar_s_bounds_are_split_across_workers() -> None:
+    """--max-buffered-body-bytes, --max-client-connections and --upstream-max-connections promise a bound
+    for the whole sidecar: with --workers N each worker holds its share, and the shares sum to it."""
+    import dataclasses
+
+    from proxy.config import Config
+
+    config = dataclasses.replace(Config(upstream="http://127.0.0.1:1"), workers=3, max_buffered_body_bytes=256 * 2**20,
+                                 max_client_connections=4096, upstream_max_connections=10)  # fmt: skip
+    shares = [config.worker_share(i) for i in range(3)]
+    assert sum(s.max_buffered_body_bytes for s in shares) == 256 * 2**20
+    assert sum(s.max_client_connections for s in shares) == 4096
+    assert [s.upstream_max_connections for s in shares] == [4, 3, 3]
+    unlimited = dataclasses.replace(config, upstream_max_connections=0)
+    assert {unlimited.worker_share(i).upstream_max_connections for i in range(3)} == {0}
+    few = dataclasses.replace(config, upstream_max_connections=2)
+    assert [few.worker_share(i).upstream_max_connections for i in range(3)] == [1, 1, 1]  # at least one each
+    single = dataclasses.replace(config, workers=1)
+    assert single.worker_share(0) == single

@@ -1,0 +1,162 @@
+"""The main port's strictness and bounds on the wire (issue 26, items 1, 5 and 6).
+
+Pipelined requests are parsed one at a time, at most MAX_PARSED_AHEAD behind the one in progress;
+a body llhttp rejects after its head is answered at once (400, or 501 for an unknown transfer
+coding) with `--client-body-timeout` far above the test's wait, so only a wait for the timeout could
+fail it; heads nginx refuses are refused as nginx does, a pipelined one in its turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from support import Proxy, ProxyFactory, until
+from support.hostile import WAIT
+
+from proxy.server.connections import MAX_PARSED_AHEAD, ClientConnection
+
+GET = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+CLOSE = b"Connection: close\r\n"
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return int(lines[0].split()[1]), headers, body
+
+
+async def _answers(proxy: Proxy, data: bytes, count: int) -> list[int]:
+    """Send `data`, read `count` answers, then the close; their statuses."""
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        async with asyncio.timeout(WAIT):
+            statuses = [(await _read_response(reader))[0] for _ in range(count)]
+            assert await reader.read() == b""  # then the close
+    finally:
+        writer.close()
+    return statuses
+
+
+@pytest.fixture
+async def patient(make_proxy: ProxyFactory) -> Proxy:
+    """A body timeout no test waits for: an answer that waited for it fails the test's own bound."""
+    return await make_proxy(client_body_timeout=3600.0)
+
+
+def _connection(proxy: Proxy) -> ClientConnection:
+    assert proxy.server.main_server is not None
+    (connection,) = proxy.server.main_server.connections
+    return connection
+
+
+# ---- item 1: what one connection parses ahead is bounded -------------------------------------------
+
+
+async def test_pipelined_requests_are_parsed_ahead_only_within_the_bound(proxy: Proxy) -> None:
+    count = 3000  # ~100 KiB of heads: a read or two, every request parsed at once before the bound
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        writer.write(GET * count)
+        await writer.drain()
+        async with asyncio.timeout(WAIT * 3):
+            for _ in range(count):  # read slowly: one answer at a time, as the proxy writes them
+                status, _, body = await _read_response(reader)
+                assert status == 200, body
+                connection = _connection(proxy)
+                assert connection.parsed_ahead <= MAX_PARSED_AHEAD
+                assert connection.held_bytes <= len(GET) * count
+    finally:
+        writer.close()
+    assert connection.peak_parsed_ahead <= MAX_PARSED_AHEAD
+
+
+async def test_pipelined_bodies_and_chunks_are_parsed_in_their_turn(proxy: Proxy) -> None:
+    chat = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    sized = b"POST /_fake/echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(chat), chat)
+    chunked = (b"POST /_fake/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"3;ext=1\r\n\r\n\r\r\n0\r\nX-Trailer: 1\r\n\r\n")  # fmt: skip
+    data = (sized + chunked + GET) * 20
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        async with asyncio.timeout(WAIT):
+            bodies = [(await _read_response(reader)) for _ in range(60)]
+    finally:
+        writer.close()
+    assert [status for status, _, _ in bodies] == [200] * 60
+    assert _connection(proxy).peak_parsed_ahead <= MAX_PARSED_AHEAD
+
+
+# ---- item 5: a body llhttp rejects is answered at once ---------------------------------------------
+
+POST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        pytest.param(POST + b"Transfer-Encoding: gzip\r\n\r\nabc", 501, id="transfer-encoding-gzip"),
+        pytest.param(POST + b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", 400, id="bad-chunk-size"),
+        pytest.param(POST + b"Transfer-Encoding: chunked\r\n\r\n3\nabc\r\n0\r\n\r\n", 400, id="bare-lf-chunk-line"),
+        pytest.param(POST + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n0\r\n\r\n", 400, id="chunk-too-long"),
+    ],
+)
+async def test_a_body_the_parser_rejects_is_answered_at_once(patient: Proxy, data: bytes, status: int) -> None:
+    reader, writer = await asyncio.open_connection(patient.host, patient.port)
+    try:
+        writer.write(data)  # and nothing more: the client waits for its answer
+        await writer.drain()
+        async with asyncio.timeout(WAIT):
+            answered, headers, body = await _read_response(reader)
+    finally:
+        writer.close()
+    assert (answered, headers["connection"]) == (status, "close")
+    assert orjson.loads(body)["error"]["code"] == "bad_request"
+    await until(lambda: bool(patient.log_lines()))
+    lines = patient.log_lines()
+    assert len(lines) == 1, lines
+    (line,) = lines
+    assert (line["status"], line["outcome"], line["reason"]) == (status, "error", "bad_request")
+
+
+# ---- item 6: heads nginx refuses -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "statuses"),
+    [
+        pytest.param(GET + b"TRACE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" + GET, [200, 405], id="trace-pipelined"),
+        pytest.param(GET + b"GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n" + GET, [200, 505], id="http2-pipelined"),
+        pytest.param(b"TRACE  /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", [405], id="trace-two-spaces"),
+        pytest.param(b"GET  /v1/models  HTTP/2.0\r\nHost: x\r\n\r\n", [505], id="http2-two-spaces"),
+        pytest.param(b"GET /v1/models HTTP/1.1\r\n\r\n", [400], id="http11-without-host"),
+        pytest.param(GET + b"GET /v1/models HTTP/1.1\r\n\r\n", [200, 400], id="pipelined-without-host"),
+        pytest.param(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", [400], id="two-hosts"),
+        pytest.param(b"GET http://u:p@x/v1/models HTTP/1.1\r\nHost: x\r\n\r\n", [400], id="absolute-form-userinfo"),
+        pytest.param(POST + b"Expect: 100-continue\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{}", [400],
+                     id="expect-twice"),
+    ],
+)
+async def test_heads_nginx_refuses_are_refused(proxy: Proxy, data: bytes, statuses: list[int]) -> None:
+    assert await _answers(proxy, data, len(statuses)) == statuses
+    await until(lambda: len(proxy.log_lines()) == len(statuses))
+    assert [line["reason"] for line in proxy.log_lines()][len(statuses) - 1 :] == ["bad_request"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"GET  /v1/models  HTTP/1.1\r\nHost: x\r\n" + CLOSE + b"\r\n", id="two-spaces"),  # nginx too
+        pytest.param(b"GET /v1/models HTTP/1.0\r\n\r\n", id="http10-without-host"),
+        pytest.param(b"GET http://x/v1/models HTTP/1.1\r\nHost: x\r\n" + CLOSE + b"\r\n", id="absolute-form"),
+    ],
+)
+async def test_heads_nginx_serves_are_served(proxy: Proxy, data: bytes) -> None:
+    assert await _answers(proxy, data, 1) == [200]
