@@ -345,7 +345,8 @@ def test_the_limit_and_refused_requests_are_booked_and_end_as_today() -> None:
     assert step.done
     assert step.reason == "stream_cut"
     assert b'"code":"stream_cut"' in step.data
-    assert resumer.decisions == [("stream_cut", "resumed"), ("stream_cut", "refused")]
+    # The continuation itself broke: booked once, `failed`; the limit sends no other, so no `refused`.
+    assert resumer.decisions == [("stream_cut", "failed")]
     assert "limit" in (resumer.refusal or "")
 
     guard, resumer = resumed_guard(request={**CHAT_REQUEST, "tools": [{"type": "function"}]})
@@ -353,6 +354,28 @@ def test_the_limit_and_refused_requests_are_booked_and_end_as_today() -> None:
     assert guard.fail("stream_cut").done
     assert resumer.decisions == [("stream_cut", "refused")]
     assert "tools" in (resumer.refusal or "")
+
+
+def test_each_continuation_is_booked_once_by_what_came_of_it() -> None:
+    """Issue 26, item 11: `resumed` when it carried the stream on, `failed` when it broke or errored."""
+    guard, resumer = resumed_guard(limit=2)
+    run(guard, HEAD, [])
+    assert guard.fail("stream_cut").resume == "stream_cut"
+    guard.resume(resumer.started().rewrite)
+    assert resumer.decisions == [("stream_cut", "resumed")]  # streaming: it carries the stream on so far
+    run(guard, chunk(SECOND, {"content": " on"}), [])
+    assert guard.fail("stall_timeout").resume == "stall_timeout"
+    assert resumer.decisions == [("stream_cut", "failed")]  # it broke in turn
+    guard.resume(resumer.started().rewrite)
+    run(guard, chunk(SECOND, {"content": " the"}), [])
+    assert guard.feed(data({"error": {"message": "bad", "type": "invalid_request_error", "code": 400}})).done
+    assert resumer.decisions == [("stream_cut", "failed"), ("stall_timeout", "failed")]  # it errored
+    guard, resumer = resumed_guard(limit=2)
+    run(guard, HEAD, [])
+    assert guard.fail("stream_cut").resume
+    guard.resume(resumer.started().rewrite)
+    run(guard, chunk(SECOND, {"content": " on"}) + chunk(SECOND, {}, "stop") + DONE, [])
+    assert resumer.decisions == [("stream_cut", "resumed")]
 
 
 def test_a_failed_continuation_counts_and_a_break_before_the_commit_is_never_resumed() -> None:
