@@ -468,3 +468,53 @@ def test_a_one_prompt_list_and_an_absent_budget_are_continued_as_given() -> None
     ids = text_chunk(FIRST, " upon", token_ids=[11]) + text_chunk(FIRST, " a", token_ids=[12])
     body = orjson.loads(continuation_body("completions", {"stream": True, "prompt": [[1, 5]]}, transcript_of(ids)))
     assert body["prompt"] == [1, 5, 11, 12]  # a token prompt without the backend's prompt ids: its own
+
+
+# ---- counting tokens, not text chunks (issue 26 item 4, issue 25) --------------------------------
+
+
+def vllm_head(pieces: list[str]) -> bytes:
+    """vLLM's chat stream shape: a role chunk with `"content": ""`, then one chunk per token, `""` for a
+    token that ends inside a multi-byte character (its detokenizer holds the bytes back)."""
+    role = chunk(FIRST, {"role": "assistant", "content": ""})
+    return role + b"".join(chunk(FIRST, {"content": p}, token_ids=None) for p in pieces)
+
+
+def test_vllms_empty_deltas_count_as_the_tokens_they_are() -> None:
+    """Issue 25's cut: 22 tokens streamed, 17 of them empty chunks, for max_tokens 64: the
+    continuation asks 42 (it asked 59), and the client's usage is the original prompt's and 22 + 42."""
+    pieces = ["\ufffdWh", "", "", "", " a", "", "", "", "", "y", "", "", "", "", "", "", "", "b", "", "", "", "c"]
+    assert (len(pieces), pieces.count("")) == (22, 17)
+    request = {**CHAT_REQUEST, "max_tokens": 64}
+    transcript = transcript_of(vllm_head(pieces))
+    assert transcript.produced == 22
+    body = orjson.loads(continuation_body("chat_completions", request, transcript))
+    assert body["max_tokens"] == 42
+    # an empty finish chunk (vLLM's abort, completions' last chunk) is no token
+    assert transcript_of(vllm_head(["a", ""]) + chunk(FIRST, {"content": ""}, "abort")).produced == 2
+
+
+def test_upstream_usage_numbers_are_validated() -> None:
+    """A negative per-chunk completion_tokens raised one continuation's max_tokens from 20 to 1,000,020."""
+    request = {**CHAT_REQUEST, "max_tokens": 40}
+    def with_usage(completion: int, prompt: int = 9) -> dict[str, Any]:
+        return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                          "total_tokens": prompt + completion}}
+    good = b"".join(data({**FIRST, "object": "chat.completion.chunk", **with_usage(i + 2),
+                          "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]})
+                    for i, w in enumerate(WORDS[:3]))  # two tokens a chunk, as usage says
+    transcript = transcript_of(good)
+    assert transcript.produced == 4
+    assert transcript.prompt_tokens == 9
+    hostile = good + data({**FIRST, "object": "chat.completion.chunk", **with_usage(-1_000_000),
+                           "choices": [{"index": 0, "delta": {"content": " x"}, "finish_reason": None}]})
+    transcript = transcript_of(hostile)
+    assert transcript.produced == 4  # the chunks (the last usage is ignored, and so is every later one)
+    body = orjson.loads(continuation_body("chat_completions", request, transcript))
+    assert body["max_tokens"] == 36
+    # the continuation's usage: prompt_tokens the original prompt's, completion the sum, whatever the seam
+    cont = usage(SECOND, 9 + 7, 5)  # (the continuation's prompt re-tokenized the text so far as 7)
+    rest = stitched(transcript_of(good), cont)
+    assert rest[0]["usage"] == {"prompt_tokens": 9, "completion_tokens": 4 + 5, "total_tokens": 18}
+    bad = stitched(transcript_of(good), usage(SECOND, 9, -3))
+    assert bad[0]["usage"]["completion_tokens"] == -3  # not a count: passed as it came, never added to
