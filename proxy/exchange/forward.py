@@ -151,9 +151,11 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
         if flight.interrupter.fired:
             raise Interrupted() from exc
         raise first_byte_timeout(cfg.first_byte_timeout) from None
-    # The body has gone upstream: its bytes no longer count against the shared bound.
-    state.body_budget.give_back(ex.body_reserved)
-    ex.body_reserved = 0
+    # The body has gone upstream: its bytes no longer count against the shared bound (unless
+    # --resume-on-cut keeps them for a continuation: then they count until the exchange ends).
+    if resumer is None or not resumer.possible:
+        state.body_budget.give_back(ex.body_reserved)
+        ex.body_reserved = 0
     del body, data
     ex.upstream_status = head.status
     if not 200 <= head.status <= 599:  # an unrequested 101 (Upgrade is hop-by-hop, never sent), or junk

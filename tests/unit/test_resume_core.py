@@ -518,3 +518,31 @@ def test_upstream_usage_numbers_are_validated() -> None:
     assert rest[0]["usage"] == {"prompt_tokens": 9, "completion_tokens": 4 + 5, "total_tokens": 18}
     bad = stitched(transcript_of(good), usage(SECOND, 9, -3))
     assert bad[0]["usage"]["completion_tokens"] == -3  # not a count: passed as it came, never added to
+
+
+# ---- what a resumable exchange holds (issue 26, item 2) --------------------------------------------
+
+
+def test_a_resumer_holds_the_clients_bytes_not_their_parsed_objects() -> None:
+    """An 8 MB body of small objects was ~150 MiB of Python objects, held for the whole stream."""
+    import gc
+    import tracemalloc
+
+    request = {**CHAT_REQUEST, "messages": [{"role": "user", "content": f"m{i}", "name": "u"} for i in range(20_000)]}
+    body = orjson.dumps(request)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        resumer = Resumer("chat_completions", body, 1)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert resumer.possible
+    assert held < len(body) // 2  # (the parsed request is ~10 times the bytes; the bytes are the caller's)
+    guard = StreamGuard(DIALECTS["chat_completions"], hold=True, may_resume=resumer.may_resume)
+    resumer.watch(guard.stream)
+    run(guard, HEAD, [])
+    assert guard.fail("stream_cut").resume
+    sent = orjson.loads(resumer.body())  # parsed again, now that a continuation is due
+    assert sent["messages"][:-1] == request["messages"]

@@ -18,6 +18,7 @@ import orjson
 from proxy.core.resume.transcript import Transcript
 
 __all__ = [
+    "BUDGETS",
     "RESUMABLE_APIS",
     "RESUMABLE_REASONS",
     "RETRYABLE_STATUSES",
@@ -40,7 +41,7 @@ _GUIDED = (
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
     "grammar", "json_schema", "regex", "ebnf",
 )
-_BUDGETS = ("max_tokens", "max_completion_tokens")
+BUDGETS = ("max_tokens", "max_completion_tokens")
 
 
 class Refusal(Exception):
@@ -87,7 +88,7 @@ def request_refusal(api: str, obj: dict[str, Any]) -> None:
             raise Refusal(f"`{key}`: only one choice is continued")
     if _set(obj, "echo"):
         raise Refusal("`echo`: the continuation's prompt is not the client's")
-    for key in (*_BUDGETS, "min_tokens"):
+    for key in (*BUDGETS, "min_tokens"):
         value = obj.get(key)
         if value is not None and type(value) is not int:
             raise Refusal(f"`{key}` is not an integer")
@@ -130,7 +131,7 @@ def cut_refusal(obj: dict[str, Any], transcript: Transcript) -> None:
     if not transcript.text and transcript.exact_tokens is None:
         raise Refusal("nothing was received to continue")
     produced = transcript.produced
-    for key in _BUDGETS:
+    for key in BUDGETS:
         budget = obj.get(key)
         if type(budget) is int and budget - produced < 1:
             raise Refusal(f"the answer had used its `{key}` already")
@@ -146,7 +147,7 @@ def continuation_body(api: str, obj: dict[str, Any], transcript: Transcript) -> 
     cut_refusal(obj, transcript)
     body = dict(obj)
     produced = transcript.produced
-    for key in _BUDGETS:
+    for key in BUDGETS:
         if type(obj.get(key)) is int:
             body[key] = obj[key] - produced
     if type(obj.get("min_tokens")) is int:
