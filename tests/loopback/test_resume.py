@@ -474,3 +474,34 @@ async def test_a_backend_that_echoes_the_prefix_is_stitched_without_it(
     assert len(relay.bodies) == 2
     assert text_of(chunks) == text_of(direct)
     assert chunks[-1]["usage"] == direct[-1]["usage"]
+
+
+@pytest.mark.parametrize("resume_on_cut", [1, 0], ids=["flag-on", "flag-off"])
+async def test_the_kept_body_counts_in_the_body_budget_until_the_stream_ends(
+    make_proxy: ProxyFactory, serve_upstream: ServeUpstream, resume_on_cut: int
+) -> None:
+    """Issue 26, item 2: the bytes kept for a continuation are memory the shared bound must see."""
+    release = asyncio.Event()
+
+    async def backend(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = await stream_words(request, ["one ", "two "], finish=False)
+        await release.wait()
+        await response.write(word_chunk("", "stop") + b"data: [DONE]\n\n")
+        return response
+
+    proxy = await make_proxy(upstream=await serve_upstream(backend), resume_on_cut=resume_on_cut)
+    body = orjson.dumps({"model": "m", "stream": True, "messages": [*PROMPT] * 500})
+    budget = proxy.state.body_budget
+    async with aiohttp.ClientSession() as http, http.post(
+        proxy.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    ) as resp:
+        seen = b""
+        while b"two" not in seen:
+            seen += await asyncio.wait_for(resp.content.readany(), 10)
+        held = budget.used  # (the stream is open: the upstream waits for `release`)
+        release.set()
+        await resp.content.read()
+    await proxy.settled()
+    assert held == (len(body) if resume_on_cut else 0)
+    assert budget.used == 0
