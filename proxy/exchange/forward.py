@@ -194,7 +194,7 @@ def _resumer(
         return None
     if (encoding and encoding.strip().lower() != "identity") or len(body) > INFLATE_LIMIT:
         body = b""  # refused: a compressed body (the continuation is plain JSON), or one too large to parse twice
-    return Resumer(dialect.name, body, cfg.resume_on_cut)
+    return Resumer(dialect.name, body, cfg.resume_on_cut, cfg.max_body_size)
 
 
 def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str, headers: CIMultiDict[str]) -> Resuming:

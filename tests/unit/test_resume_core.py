@@ -546,3 +546,52 @@ def test_a_resumer_holds_the_clients_bytes_not_their_parsed_objects() -> None:
     assert guard.fail("stream_cut").resume
     sent = orjson.loads(resumer.body())  # parsed again, now that a continuation is due
     assert sent["messages"][:-1] == request["messages"]
+
+
+# ---- the continuation keeps the client's bytes (issue 26, item 8) ----------------------------------
+
+
+def cut_resumer(raw: bytes, max_size: int | None = None, head: bytes = HEAD) -> tuple[StreamGuard, Resumer]:
+    resumer = Resumer("chat_completions", raw, 2, max_size)
+    guard = StreamGuard(DIALECTS["chat_completions"], hold=True, may_resume=resumer.may_resume)
+    resumer.watch(guard.stream)
+    run(guard, head, [])
+    return guard, resumer
+
+
+def test_the_continuation_keeps_every_unchanged_field_as_the_client_wrote_it() -> None:
+    """A 30-digit integer became a float and duplicate keys collapsed when the body was re-serialized."""
+    raw = (b'{ "model" : "m", "stream":true, "seed": 123456789012345678901234567890,\n'
+           b' "logit_bias": {"5": -1, "5": -2}, "max_tokens": 6, "max_tokens": 9,\n'
+           b' "messages": [ {"role": "user", "content": "Say \\u00e9 it."} ] , "x": [1.50, 1e3] }')
+    guard, resumer = cut_resumer(raw)
+    assert guard.fail("stream_cut").resume
+    sent = resumer.body()
+    assert b'"seed": 123456789012345678901234567890,' in sent
+    assert b'"logit_bias": {"5": -1, "5": -2}' in sent
+    assert b'"content": "Say \\u00e9 it."}' in sent
+    assert b'"x": [1.50, 1e3]' in sent
+    assert sent.count(b'"max_tokens": 6') == 2  # 9 - 3, wherever the key occurs (a backend reads the last)
+    body = orjson.loads(sent)
+    assert body["messages"][-1] == {"role": "assistant", "content": SO_FAR}
+    assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
+    # a client prefill is continued in place, its other bytes kept
+    raw = (b'{"stream":true,"continue_final_message":true,"add_generation_prompt":false,"messages":'
+           b'[{"role":"user","content":"a"},{"content":"Once","role":"assistant","n":1e2}],"max_tokens":8}')
+    guard, resumer = cut_resumer(raw)
+    assert guard.fail("stream_cut").resume
+    sent = resumer.body()
+    assert b'{"content":"Once' + SO_FAR.encode() + b'","role":"assistant","n":1e2}]' in sent
+    assert orjson.loads(sent)["max_tokens"] == 5
+
+
+def test_no_continuation_is_sent_past_the_body_limit() -> None:
+    """A 100 MB transcript made an 85 MB continuation past --max-body-size: refused instead, booked so."""
+    raw = orjson.dumps(CHAT_REQUEST)
+    guard, resumer = cut_resumer(raw, max_size=len(raw) + 20)
+    assert not guard.fail("stream_cut").resume
+    assert resumer.decisions == [("stream_cut", "refused")]
+    assert "--max-body-size" in (resumer.refusal or "")
+    guard, resumer = cut_resumer(raw, max_size=len(raw) + 200)
+    assert guard.fail("stream_cut").resume
+    assert len(resumer.body()) <= len(raw) + 200

@@ -45,11 +45,13 @@ def _rule_fields(obj: dict[str, Any]) -> dict[str, Any]:
 class Resumer:
     """Decides, for one streamed exchange, whether each break is continued (at most `limit` times)."""
 
-    __slots__ = ("_api", "_body", "_booked", "_fields", "_reason", "_running", "limit", "refusal", "resumes",
-                 "transcript")
+    __slots__ = ("_api", "_body", "_booked", "_fields", "_max_size", "_next", "_reason", "_running", "limit",
+                 "refusal", "resumes", "transcript")
 
-    def __init__(self, api: str, body: bytes | bytearray, limit: int) -> None:
+    def __init__(self, api: str, body: bytes | bytearray, limit: int, max_size: int | None = None) -> None:
         self._api = api
+        self._max_size = max_size  # --max-body-size: no continuation is sent past it
+        self._next: bytes | None = None  # the continuation's body, built when one is due
         self.limit = limit
         self.transcript = Transcript()
         self.resumes = 0  # continuations that answered with a stream
@@ -107,6 +109,9 @@ class Resumer:
             return self._refuse(reason, why)
         try:
             cut_refusal(self._fields, self.transcript)
+            self._next = continuation_body(
+                self._api, parse_request(self._api, self._body), self.transcript, self._body, self._max_size
+            )
         except Refusal as exc:
             return self._refuse(reason, str(exc))
         self._reason = reason
@@ -114,14 +119,15 @@ class Resumer:
 
     def body(self) -> bytes:
         """The continuation request's body (after a yes)."""
-        assert self._fields is not None
         assert self._reason is not None
-        return continuation_body(self._api, parse_request(self._api, self._body), self.transcript)
+        assert self._next is not None
+        return self._next
 
     def started(self) -> Stitcher:
         """The continuation answered with a stream: its events go through this stitcher."""
         assert self._reason is not None
         self._running = self._reason  # booked `resumed` unless it breaks in turn
+        self._next = None
         self.resumes += 1
         self._reason = None
         return Stitcher(self.transcript)
