@@ -505,3 +505,17 @@ async def test_the_kept_body_counts_in_the_body_budget_until_the_stream_ends(
     await proxy.settled()
     assert held == (len(body) if resume_on_cut else 0)
     assert budget.used == 0
+
+
+async def test_the_continuation_carries_the_clients_own_bytes(
+    make_proxy: ProxyFactory, fake_upstream: FakeUpstream, relays: list[CutRelay]
+) -> None:
+    """Issue 26, item 8: a 30-digit integer reached the backend as a float in the continuation."""
+    relay = await relay_to(fake_upstream.url, ["close"], relays)
+    proxy = await make_proxy(upstream=relay.url, resume_on_cut=1)
+    big = 123456789012345678901234567890
+    await chat(proxy.url, relay.gate, extra_body={"user_tag": big})
+    first, second = relay.bodies
+    assert str(big).encode() in first
+    assert b'"user_tag":' + str(big).encode() in second.replace(b" ", b"")
+    assert orjson.loads(second)["max_tokens"] == 12 - AFTER
