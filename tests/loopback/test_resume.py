@@ -519,3 +519,45 @@ async def test_the_continuation_carries_the_clients_own_bytes(
     assert str(big).encode() in first
     assert b'"user_tag":' + str(big).encode() in second.replace(b" ", b"")
     assert orjson.loads(second)["max_tokens"] == 12 - AFTER
+
+
+async def test_vllms_empty_deltas_are_counted_as_tokens(
+    make_proxy: ProxyFactory, serve_upstream: ServeUpstream
+) -> None:
+    """Issue 25 against real vLLM: 22 tokens streamed, 17 of them `"content": ""` chunks (bytes held
+    back inside a character), for max_tokens 64: the continuation asked 59 and the client got 81."""
+    seen: list[dict[str, Any]] = []
+    pieces = ["\ufffdWh", *[""] * 3, " a", *[""] * 4, "y", *[""] * 7, "b", *[""] * 3, "c"]
+
+    def piece(text: str, finish: str | None = None) -> bytes:
+        return sse({"id": "chatcmpl-v", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+                    "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish,
+                                 "token_ids": None}]})
+
+    async def backend(request: web.Request) -> web.StreamResponse:
+        seen.append(body := await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        if len(seen) == 1:
+            await response.write(sse({"id": "chatcmpl-v", "object": "chat.completion.chunk", "created": 1,
+                                      "model": "tiny", "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                                          "content": ""}}]}))
+            for text in pieces:
+                await response.write(piece(text))
+            await response.write(stray("0"))
+            await asyncio.Event().wait()
+        rest = body["max_tokens"]
+        for _ in range(rest - 1):
+            await response.write(piece(" z"))
+        await response.write(piece(" z", "length"))
+        usage = {"prompt_tokens": 17 + 9, "completion_tokens": rest, "total_tokens": 26 + rest}
+        await response.write(sse({"id": "chatcmpl-w", "object": "chat.completion.chunk", "created": 2,
+                                  "model": "tiny", "choices": [], "usage": usage}) + b"data: [DONE]\n\n")
+        return response
+
+    proxy = await make_proxy(upstream=await serve_upstream(backend), resume_on_cut=1)
+    chunks = await chat(proxy.url, max_tokens=64)
+    assert len(pieces) == 22
+    assert seen[1]["max_tokens"] == 42
+    assert chunks[-1]["usage"]["completion_tokens"] == 64
+    assert resumes(proxy, "stray_http_block", "resumed") == 1
