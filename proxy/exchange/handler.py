@@ -152,9 +152,11 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
         if flight.interrupter.fired:
             raise flight.interrupter.error() from exc
         raise first_byte_timeout(cfg.first_byte_timeout) from None
-    # The body has gone upstream: its bytes no longer count against the shared bound.
-    state.body_budget.give_back(ex.body_reserved)
-    ex.body_reserved = 0
+    # The body has gone upstream: its bytes no longer count against the shared bound (unless
+    # --resume-on-cut keeps them for a continuation: then they count until the exchange ends).
+    if resumer is None or not resumer.possible:
+        state.body_budget.give_back(ex.body_reserved)
+        ex.body_reserved = 0
     del body, data
     ex.upstream_status = head.status
     if not 200 <= head.status <= 599:  # an unrequested 101 (Upgrade is hop-by-hop, never sent), or junk
@@ -193,7 +195,7 @@ def _resumer(
         return None
     if (encoding and encoding.strip().lower() != "identity") or len(body) > INFLATE_LIMIT:
         body = b""  # refused: a compressed body (the continuation is plain JSON), or one too large to parse twice
-    return Resumer(dialect.name, body, cfg.resume_on_cut)
+    return Resumer(dialect.name, body, cfg.resume_on_cut, cfg.max_body_size)
 
 
 def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str, headers: CIMultiDict[str]) -> Resuming:

@@ -141,7 +141,8 @@ async def test_the_limit_ends_the_stream_with_the_failure_it_broke_with(
     line = (await proxy.settled())[-1]
     assert (line["outcome"], line["reason"], line["resumes"]) == ("error", "stream_cut", 2)
     assert line["resume_refusal"] == "the limit of 2 continuations was reached"
-    assert (resumes(proxy, "stream_cut", "resumed"), resumes(proxy, "stream_cut", "refused")) == (2, 1)
+    # Each continuation counted once (issue 26, item 11): both broke in turn, and none was refused.
+    assert [resumes(proxy, "stream_cut", result) for result in ("resumed", "failed", "refused")] == [0, 2, 0]
 
 
 async def test_flag_off_nothing_changes(
@@ -473,3 +474,90 @@ async def test_a_backend_that_echoes_the_prefix_is_stitched_without_it(
     assert len(relay.bodies) == 2
     assert text_of(chunks) == text_of(direct)
     assert chunks[-1]["usage"] == direct[-1]["usage"]
+
+
+@pytest.mark.parametrize("resume_on_cut", [1, 0], ids=["flag-on", "flag-off"])
+async def test_the_kept_body_counts_in_the_body_budget_until_the_stream_ends(
+    make_proxy: ProxyFactory, serve_upstream: ServeUpstream, resume_on_cut: int
+) -> None:
+    """Issue 26, item 2: the bytes kept for a continuation are memory the shared bound must see."""
+    release = asyncio.Event()
+
+    async def backend(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = await stream_words(request, ["one ", "two "], finish=False)
+        await release.wait()
+        await response.write(word_chunk("", "stop") + b"data: [DONE]\n\n")
+        return response
+
+    proxy = await make_proxy(upstream=await serve_upstream(backend), resume_on_cut=resume_on_cut)
+    body = orjson.dumps({"model": "m", "stream": True, "messages": [*PROMPT] * 500})
+    budget = proxy.state.body_budget
+    async with aiohttp.ClientSession() as http, http.post(
+        proxy.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    ) as resp:
+        seen = b""
+        while b"two" not in seen:
+            seen += await asyncio.wait_for(resp.content.readany(), 10)
+        held = budget.used  # (the stream is open: the upstream waits for `release`)
+        release.set()
+        await resp.content.read()
+    await proxy.settled()
+    assert held == (len(body) if resume_on_cut else 0)
+    assert budget.used == 0
+
+
+async def test_the_continuation_carries_the_clients_own_bytes(
+    make_proxy: ProxyFactory, fake_upstream: FakeUpstream, relays: list[CutRelay]
+) -> None:
+    """Issue 26, item 8: a 30-digit integer reached the backend as a float in the continuation."""
+    relay = await relay_to(fake_upstream.url, ["close"], relays)
+    proxy = await make_proxy(upstream=relay.url, resume_on_cut=1)
+    big = 123456789012345678901234567890
+    await chat(proxy.url, relay.gate, extra_body={"user_tag": big})
+    first, second = relay.bodies
+    assert str(big).encode() in first
+    assert b'"user_tag":' + str(big).encode() in second.replace(b" ", b"")
+    assert orjson.loads(second)["max_tokens"] == 12 - AFTER
+
+
+async def test_vllms_empty_deltas_are_counted_as_tokens(
+    make_proxy: ProxyFactory, serve_upstream: ServeUpstream
+) -> None:
+    """Issue 25 against real vLLM: 22 tokens streamed, 17 of them `"content": ""` chunks (bytes held
+    back inside a character), for max_tokens 64: the continuation asked 59 and the client got 81."""
+    seen: list[dict[str, Any]] = []
+    pieces = ["\ufffdWh", *[""] * 3, " a", *[""] * 4, "y", *[""] * 7, "b", *[""] * 3, "c"]
+
+    def piece(text: str, finish: str | None = None) -> bytes:
+        return sse({"id": "chatcmpl-v", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+                    "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish,
+                                 "token_ids": None}]})
+
+    async def backend(request: web.Request) -> web.StreamResponse:
+        seen.append(body := await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        if len(seen) == 1:
+            await response.write(sse({"id": "chatcmpl-v", "object": "chat.completion.chunk", "created": 1,
+                                      "model": "tiny", "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                                          "content": ""}}]}))
+            for text in pieces:
+                await response.write(piece(text))
+            await response.write(stray("0"))
+            await asyncio.Event().wait()
+        rest = body["max_tokens"]
+        for _ in range(rest - 1):
+            await response.write(piece(" z"))
+        await response.write(piece(" z", "length"))
+        usage = {"prompt_tokens": 17 + 9, "completion_tokens": rest, "total_tokens": 26 + rest}
+        await response.write(sse({"id": "chatcmpl-w", "object": "chat.completion.chunk", "created": 2,
+                                  "model": "tiny", "choices": [], "usage": usage}) + b"data: [DONE]\n\n")
+        return response
+
+    proxy = await make_proxy(upstream=await serve_upstream(backend), resume_on_cut=1)
+    chunks = await chat(proxy.url, max_tokens=64)
+    assert len(pieces) == 22
+    assert seen[1]["max_tokens"] == 42
+    assert chunks[-1]["usage"]["completion_tokens"] == 64
+    assert resumes(proxy, "stray_http_block", "resumed") == 1

@@ -345,7 +345,8 @@ def test_the_limit_and_refused_requests_are_booked_and_end_as_today() -> None:
     assert step.done
     assert step.reason == "stream_cut"
     assert b'"code":"stream_cut"' in step.data
-    assert resumer.decisions == [("stream_cut", "resumed"), ("stream_cut", "refused")]
+    # The continuation itself broke: booked once, `failed`; the limit sends no other, so no `refused`.
+    assert resumer.decisions == [("stream_cut", "failed")]
     assert "limit" in (resumer.refusal or "")
 
     guard, resumer = resumed_guard(request={**CHAT_REQUEST, "tools": [{"type": "function"}]})
@@ -353,6 +354,28 @@ def test_the_limit_and_refused_requests_are_booked_and_end_as_today() -> None:
     assert guard.fail("stream_cut").done
     assert resumer.decisions == [("stream_cut", "refused")]
     assert "tools" in (resumer.refusal or "")
+
+
+def test_each_continuation_is_booked_once_by_what_came_of_it() -> None:
+    """Issue 26, item 11: `resumed` when it carried the stream on, `failed` when it broke or errored."""
+    guard, resumer = resumed_guard(limit=2)
+    run(guard, HEAD, [])
+    assert guard.fail("stream_cut").resume == "stream_cut"
+    guard.resume(resumer.started().rewrite)
+    assert resumer.decisions == [("stream_cut", "resumed")]  # streaming: it carries the stream on so far
+    run(guard, chunk(SECOND, {"content": " on"}), [])
+    assert guard.fail("stall_timeout").resume == "stall_timeout"
+    assert resumer.decisions == [("stream_cut", "failed")]  # it broke in turn
+    guard.resume(resumer.started().rewrite)
+    run(guard, chunk(SECOND, {"content": " the"}), [])
+    assert guard.feed(data({"error": {"message": "bad", "type": "invalid_request_error", "code": 400}})).done
+    assert resumer.decisions == [("stream_cut", "failed"), ("stall_timeout", "failed")]  # it errored
+    guard, resumer = resumed_guard(limit=2)
+    run(guard, HEAD, [])
+    assert guard.fail("stream_cut").resume
+    guard.resume(resumer.started().rewrite)
+    run(guard, chunk(SECOND, {"content": " on"}) + chunk(SECOND, {}, "stop") + DONE, [])
+    assert resumer.decisions == [("stream_cut", "resumed")]
 
 
 def test_a_failed_continuation_counts_and_a_break_before_the_commit_is_never_resumed() -> None:
@@ -445,3 +468,130 @@ def test_a_one_prompt_list_and_an_absent_budget_are_continued_as_given() -> None
     ids = text_chunk(FIRST, " upon", token_ids=[11]) + text_chunk(FIRST, " a", token_ids=[12])
     body = orjson.loads(continuation_body("completions", {"stream": True, "prompt": [[1, 5]]}, transcript_of(ids)))
     assert body["prompt"] == [1, 5, 11, 12]  # a token prompt without the backend's prompt ids: its own
+
+
+# ---- counting tokens, not text chunks (issue 26 item 4, issue 25) --------------------------------
+
+
+def vllm_head(pieces: list[str]) -> bytes:
+    """vLLM's chat stream shape: a role chunk with `"content": ""`, then one chunk per token, `""` for a
+    token that ends inside a multi-byte character (its detokenizer holds the bytes back)."""
+    role = chunk(FIRST, {"role": "assistant", "content": ""})
+    return role + b"".join(chunk(FIRST, {"content": p}, token_ids=None) for p in pieces)
+
+
+def test_vllms_empty_deltas_count_as_the_tokens_they_are() -> None:
+    """Issue 25's cut: 22 tokens streamed, 17 of them empty chunks, for max_tokens 64: the
+    continuation asks 42 (it asked 59), and the client's usage is the original prompt's and 22 + 42."""
+    pieces = ["\ufffdWh", "", "", "", " a", "", "", "", "", "y", "", "", "", "", "", "", "", "b", "", "", "", "c"]
+    assert (len(pieces), pieces.count("")) == (22, 17)
+    request = {**CHAT_REQUEST, "max_tokens": 64}
+    transcript = transcript_of(vllm_head(pieces))
+    assert transcript.produced == 22
+    body = orjson.loads(continuation_body("chat_completions", request, transcript))
+    assert body["max_tokens"] == 42
+    # an empty finish chunk (vLLM's abort, completions' last chunk) is no token
+    assert transcript_of(vllm_head(["a", ""]) + chunk(FIRST, {"content": ""}, "abort")).produced == 2
+
+
+def test_upstream_usage_numbers_are_validated() -> None:
+    """A negative per-chunk completion_tokens raised one continuation's max_tokens from 20 to 1,000,020."""
+    request = {**CHAT_REQUEST, "max_tokens": 40}
+    def with_usage(completion: int, prompt: int = 9) -> dict[str, Any]:
+        return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                          "total_tokens": prompt + completion}}
+    good = b"".join(data({**FIRST, "object": "chat.completion.chunk", **with_usage(i + 2),
+                          "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]})
+                    for i, w in enumerate(WORDS[:3]))  # two tokens a chunk, as usage says
+    transcript = transcript_of(good)
+    assert transcript.produced == 4
+    assert transcript.prompt_tokens == 9
+    hostile = good + data({**FIRST, "object": "chat.completion.chunk", **with_usage(-1_000_000),
+                           "choices": [{"index": 0, "delta": {"content": " x"}, "finish_reason": None}]})
+    transcript = transcript_of(hostile)
+    assert transcript.produced == 4  # the chunks (the last usage is ignored, and so is every later one)
+    body = orjson.loads(continuation_body("chat_completions", request, transcript))
+    assert body["max_tokens"] == 36
+    # the continuation's usage: prompt_tokens the original prompt's, completion the sum, whatever the seam
+    cont = usage(SECOND, 9 + 7, 5)  # (the continuation's prompt re-tokenized the text so far as 7)
+    rest = stitched(transcript_of(good), cont)
+    assert rest[0]["usage"] == {"prompt_tokens": 9, "completion_tokens": 4 + 5, "total_tokens": 18}
+    bad = stitched(transcript_of(good), usage(SECOND, 9, -3))
+    assert bad[0]["usage"]["completion_tokens"] == -3  # not a count: passed as it came, never added to
+
+
+# ---- what a resumable exchange holds (issue 26, item 2) --------------------------------------------
+
+
+def test_a_resumer_holds_the_clients_bytes_not_their_parsed_objects() -> None:
+    """An 8 MB body of small objects was ~150 MiB of Python objects, held for the whole stream."""
+    import gc
+    import tracemalloc
+
+    request = {**CHAT_REQUEST, "messages": [{"role": "user", "content": f"m{i}", "name": "u"} for i in range(20_000)]}
+    body = orjson.dumps(request)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        resumer = Resumer("chat_completions", body, 1)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert resumer.possible
+    assert held < len(body) // 2  # (the parsed request is ~10 times the bytes; the bytes are the caller's)
+    guard = StreamGuard(DIALECTS["chat_completions"], hold=True, may_resume=resumer.may_resume)
+    resumer.watch(guard.stream)
+    run(guard, HEAD, [])
+    assert guard.fail("stream_cut").resume
+    sent = orjson.loads(resumer.body())  # parsed again, now that a continuation is due
+    assert sent["messages"][:-1] == request["messages"]
+
+
+# ---- the continuation keeps the client's bytes (issue 26, item 8) ----------------------------------
+
+
+def cut_resumer(raw: bytes, max_size: int | None = None, head: bytes = HEAD) -> tuple[StreamGuard, Resumer]:
+    resumer = Resumer("chat_completions", raw, 2, max_size)
+    guard = StreamGuard(DIALECTS["chat_completions"], hold=True, may_resume=resumer.may_resume)
+    resumer.watch(guard.stream)
+    run(guard, head, [])
+    return guard, resumer
+
+
+def test_the_continuation_keeps_every_unchanged_field_as_the_client_wrote_it() -> None:
+    """A 30-digit integer became a float and duplicate keys collapsed when the body was re-serialized."""
+    raw = (b'{ "model" : "m", "stream":true, "seed": 123456789012345678901234567890,\n'
+           b' "logit_bias": {"5": -1, "5": -2}, "max_tokens": 6, "max_tokens": 9,\n'
+           b' "messages": [ {"role": "user", "content": "Say \\u00e9 it."} ] , "x": [1.50, 1e3] }')
+    guard, resumer = cut_resumer(raw)
+    assert guard.fail("stream_cut").resume
+    sent = resumer.body()
+    assert b'"seed": 123456789012345678901234567890,' in sent
+    assert b'"logit_bias": {"5": -1, "5": -2}' in sent
+    assert b'"content": "Say \\u00e9 it."}' in sent
+    assert b'"x": [1.50, 1e3]' in sent
+    assert sent.count(b'"max_tokens": 6') == 2  # 9 - 3, wherever the key occurs (a backend reads the last)
+    body = orjson.loads(sent)
+    assert body["messages"][-1] == {"role": "assistant", "content": SO_FAR}
+    assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
+    # a client prefill is continued in place, its other bytes kept
+    raw = (b'{"stream":true,"continue_final_message":true,"add_generation_prompt":false,"messages":'
+           b'[{"role":"user","content":"a"},{"content":"Once","role":"assistant","n":1e2}],"max_tokens":8}')
+    guard, resumer = cut_resumer(raw)
+    assert guard.fail("stream_cut").resume
+    sent = resumer.body()
+    assert b'{"content":"Once' + SO_FAR.encode() + b'","role":"assistant","n":1e2}]' in sent
+    assert orjson.loads(sent)["max_tokens"] == 5
+
+
+def test_no_continuation_is_sent_past_the_body_limit() -> None:
+    """A 100 MB transcript made an 85 MB continuation past --max-body-size: refused instead, booked so."""
+    raw = orjson.dumps(CHAT_REQUEST)
+    guard, resumer = cut_resumer(raw, max_size=len(raw) + 20)
+    assert not guard.fail("stream_cut").resume
+    assert resumer.decisions == [("stream_cut", "refused")]
+    assert "--max-body-size" in (resumer.refusal or "")
+    guard, resumer = cut_resumer(raw, max_size=len(raw) + 200)
+    assert guard.fail("stream_cut").resume
+    assert len(resumer.body()) <= len(raw) + 200

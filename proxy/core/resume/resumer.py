@@ -2,11 +2,11 @@
 
 The guard calls `may_resume(reason, status)` where a committed stream would end with an error; a
 yes means the shell sends `body()` upstream and, when a stream answers, hands the guard
-`started()`'s stitcher; otherwise it calls `failed()` and the guard ends as it would have. Every
-break of a stream a continuation could mend is one decision in `decisions` (the
-`streamwarden_stream_resumes_total{reason, result}` counts): `resumed`, `refused` (the request, the
-answer so far or the limit rule it out) or `failed` (the continuation was answered with an error or
-no answer).
+`started()`'s stitcher; otherwise it calls `failed()` and the guard ends as it would have. Each
+continuation sent is counted once in `decisions` (the `streamwarden_stream_resumes_total{reason,
+result}` counts): `resumed` when it carried the stream on, `failed` when it was answered with an
+error or none, or broke or errored in turn; a break of the first stream for which none was sent is
+`refused` (the request, the answer so far or the limit ruled it out).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from proxy.core.dialects import DialectStream
 from proxy.core.dialects.chat import ChatStream
 from proxy.core.resume.rules import (
+    BUDGETS,
     RESUMABLE_REASONS,
     RETRYABLE_STATUSES,
     Refusal,
@@ -32,29 +33,54 @@ RESULTS = ("resumed", "refused", "failed")
 _STATUSED = frozenset({"stray_http_block", "upstream_error_frame"})  # continued only when retryable
 
 
+def _rule_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """What `cut_refusal` reads of a request: its budgets, and whether its prompt is token ids."""
+    fields = {key: obj[key] for key in (*BUDGETS, "min_tokens") if key in obj}
+    prompt = obj.get("prompt")
+    if type(prompt) is list:
+        fields["prompt"] = prompt[:1] if not (len(prompt) == 1 and type(prompt[0]) is list) else [prompt[0][:1]]
+    return fields
+
+
 class Resumer:
     """Decides, for one streamed exchange, whether each break is continued (at most `limit` times)."""
 
-    __slots__ = ("_api", "_obj", "_reason", "decisions", "limit", "refusal", "resumes", "transcript")
+    __slots__ = ("_api", "_body", "_booked", "_fields", "_max_size", "_next", "_reason", "_running", "limit",
+                 "refusal", "resumes", "transcript")
 
-    def __init__(self, api: str, body: bytes | bytearray, limit: int) -> None:
+    def __init__(self, api: str, body: bytes | bytearray, limit: int, max_size: int | None = None) -> None:
         self._api = api
+        self._max_size = max_size  # --max-body-size: no continuation is sent past it
+        self._next: bytes | None = None  # the continuation's body, built when one is due
         self.limit = limit
         self.transcript = Transcript()
         self.resumes = 0  # continuations that answered with a stream
-        self.decisions: list[tuple[str, str]] = []  # (reason, result), in order
+        self._booked: list[tuple[str, str]] = []  # (reason, result), in order
+        self._running: str | None = None  # the break the streaming continuation mends (booked at its end)
         self.refusal: str | None = None  # why the last break was not continued
         self._reason: str | None = None  # the break being mended
-        self._obj: dict[str, Any] | None = None
+        # The client's bytes (held for the send anyway), parsed again only when a continuation is due:
+        # a body of many small objects is ~20 times its size as Python objects (issue 26, item 2).
+        self._body = bytes(body)
+        self._fields: dict[str, Any] | None = None  # the few fields a break's refusal rules read
         try:
-            self._obj = parse_request(api, body)
+            self._fields = _rule_fields(parse_request(api, self._body))
         except Refusal as exc:
             self.refusal = str(exc)
+            self._body = b""
 
     @property
     def possible(self) -> bool:
         """The request itself allows continuations (else the guard need not ask, nor record)."""
-        return self._obj is not None and self.limit > 0
+        return self._fields is not None and self.limit > 0
+
+    @property
+    def decisions(self) -> list[tuple[str, str]]:
+        """One (reason, result) per break of the first stream not mended, and per continuation sent:
+        a continuation still streaming (or that ended without breaking) counts `resumed`."""
+        if self._running is None:
+            return list(self._booked)
+        return [*self._booked, (self._running, "resumed")]
 
     def watch(self, stream: DialectStream) -> None:
         """Keep the transcript from the chunks this stream's dialect parses."""
@@ -63,15 +89,29 @@ class Resumer:
 
     def may_resume(self, reason: str, status: int) -> bool:
         """The guard's question: continue this break? A no for a break of the resumable kinds is counted."""
+        if self._running is not None and reason != "shutdown":  # the continuation itself broke or errored
+            self._booked.append((self._running, "failed"))
+            self._running = None
+            self.refusal = f"the continuation broke ({reason})"
+            broke_again = True
+        else:
+            broke_again = False
         if reason not in RESUMABLE_REASONS or (reason in _STATUSED and status not in RETRYABLE_STATUSES):
             return False
-        if self._obj is None:
+        if self._fields is None:
             return self._refuse(reason, self.refusal or "the request cannot be continued")
-        attempts = sum(1 for _, result in self.decisions if result != "refused")
+        attempts = sum(1 for _, result in self._booked if result != "refused")
         if attempts >= self.limit:
-            return self._refuse(reason, f"the limit of {self.limit} continuations was reached")
+            why = f"the limit of {self.limit} continuations was reached"
+            if broke_again:  # (booked once, as the continuation that broke: none more was sent)
+                self.refusal = why
+                return False
+            return self._refuse(reason, why)
         try:
-            cut_refusal(self._obj, self.transcript)
+            cut_refusal(self._fields, self.transcript)
+            self._next = continuation_body(
+                self._api, parse_request(self._api, self._body), self.transcript, self._body, self._max_size
+            )
         except Refusal as exc:
             return self._refuse(reason, str(exc))
         self._reason = reason
@@ -79,14 +119,15 @@ class Resumer:
 
     def body(self) -> bytes:
         """The continuation request's body (after a yes)."""
-        assert self._obj is not None
         assert self._reason is not None
-        return continuation_body(self._api, self._obj, self.transcript)
+        assert self._next is not None
+        return self._next
 
     def started(self) -> Stitcher:
         """The continuation answered with a stream: its events go through this stitcher."""
         assert self._reason is not None
-        self.decisions.append((self._reason, "resumed"))
+        self._running = self._reason  # booked `resumed` unless it breaks in turn
+        self._next = None
         self.resumes += 1
         self._reason = None
         return Stitcher(self.transcript)
@@ -94,7 +135,7 @@ class Resumer:
     def failed(self, why: str) -> None:
         """The continuation was answered with an error or not at all: the stream ends as it broke."""
         assert self._reason is not None
-        self.decisions.append((self._reason, "failed"))
+        self._booked.append((self._reason, "failed"))
         self.refusal = why
         self._reason = None
 
@@ -105,6 +146,6 @@ class Resumer:
         self._reason = None
 
     def _refuse(self, reason: str, why: str) -> bool:
-        self.decisions.append((reason, "refused"))
+        self._booked.append((reason, "refused"))
         self.refusal = why
         return False

@@ -15,9 +15,11 @@ from typing import Any
 
 import orjson
 
+from proxy.core.resume.splice import splice
 from proxy.core.resume.transcript import Transcript
 
 __all__ = [
+    "BUDGETS",
     "RESUMABLE_APIS",
     "RESUMABLE_REASONS",
     "RETRYABLE_STATUSES",
@@ -40,7 +42,7 @@ _GUIDED = (
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
     "grammar", "json_schema", "regex", "ebnf",
 )
-_BUDGETS = ("max_tokens", "max_completion_tokens")
+BUDGETS = ("max_tokens", "max_completion_tokens")
 
 
 class Refusal(Exception):
@@ -87,7 +89,7 @@ def request_refusal(api: str, obj: dict[str, Any]) -> None:
             raise Refusal(f"`{key}`: only one choice is continued")
     if _set(obj, "echo"):
         raise Refusal("`echo`: the continuation's prompt is not the client's")
-    for key in (*_BUDGETS, "min_tokens"):
+    for key in (*BUDGETS, "min_tokens"):
         value = obj.get(key)
         if value is not None and type(value) is not int:
             raise Refusal(f"`{key}` is not an integer")
@@ -130,7 +132,7 @@ def cut_refusal(obj: dict[str, Any], transcript: Transcript) -> None:
     if not transcript.text and transcript.exact_tokens is None:
         raise Refusal("nothing was received to continue")
     produced = transcript.produced
-    for key in _BUDGETS:
+    for key in BUDGETS:
         budget = obj.get(key)
         if type(budget) is int and budget - produced < 1:
             raise Refusal(f"the answer had used its `{key}` already")
@@ -141,30 +143,50 @@ def cut_refusal(obj: dict[str, Any], transcript: Transcript) -> None:
             raise Refusal("a token-id prompt is continued only with the backend's token ids")
 
 
-def continuation_body(api: str, obj: dict[str, Any], transcript: Transcript) -> bytes:
-    """The client's request carrying the answer so far, with its token budgets lowered by it."""
+def continuation_body(
+    api: str, obj: dict[str, Any], transcript: Transcript, raw: bytes | None = None, max_size: int | None = None
+) -> bytes:
+    """The client's request carrying the answer so far, with its token budgets lowered by it.
+
+    With `raw` (the client's bytes, of which `obj` is the parse) every field the continuation does
+    not change keeps the client's bytes (`splice`); a body past `max_size` is a Refusal."""
     cut_refusal(obj, transcript)
-    body = dict(obj)
+    changed: dict[str, Any] = {}
     produced = transcript.produced
-    for key in _BUDGETS:
+    for key in BUDGETS:
         if type(obj.get(key)) is int:
-            body[key] = obj[key] - produced
+            changed[key] = min(obj[key], obj[key] - produced)
     if type(obj.get("min_tokens")) is int:
-        body["min_tokens"] = max(0, obj["min_tokens"] - produced)
+        changed["min_tokens"] = max(0, obj["min_tokens"] - produced)
     text = transcript.text
+    appended: dict[str, str] | None = None
+    content: str | None = None
     if api == "chat_completions":
         messages = list(obj["messages"])
         if obj.get("continue_final_message") is True:
             last = messages[-1]
-            messages[-1] = {**last, "content": last["content"] + text}
+            content = last["content"] + text
+            messages[-1] = {**last, "content": content}
         else:
-            messages.append({"role": "assistant", "content": text})
-        body["messages"] = messages
-        body["continue_final_message"] = True
-        body["add_generation_prompt"] = False
+            appended = {"role": "assistant", "content": text}
+            messages.append(appended)
+        changed["continue_final_message"] = True
+        changed["add_generation_prompt"] = False
+        if raw is None:
+            changed["messages"] = messages
     else:
-        body["prompt"] = _continued_prompt(obj["prompt"], transcript)
-    return orjson.dumps(body)
+        changed["prompt"] = _continued_prompt(obj["prompt"], transcript)
+    if raw is None:
+        body = orjson.dumps({**obj, **changed})
+    else:
+        body = splice(
+            raw, {key: orjson.dumps(value) for key, value in changed.items()},
+            append_message=None if appended is None else orjson.dumps(appended),
+            last_content=None if content is None else orjson.dumps(content),
+        )
+    if max_size is not None and len(body) > max_size:
+        raise Refusal(f"the continuation's body ({len(body)} bytes) would pass --max-body-size ({max_size})")
+    return body
 
 
 def _continued_prompt(prompt: Any, transcript: Transcript) -> str | list[int]:

@@ -24,7 +24,7 @@ __all__ = ["Stitcher"]
 class Stitcher:
     """One continuation's rewriter: feed it each event, forward what it returns (None: drop it)."""
 
-    __slots__ = ("_echo", "_identity", "_prompt_ids", "_shift")
+    __slots__ = ("_echo", "_identity", "_prompt", "_prompt_ids", "_shift")
 
     def __init__(self, transcript: Transcript) -> None:
         self._identity = dict(transcript.identity or {})
@@ -32,6 +32,9 @@ class Stitcher:
         self._echo: str | None = transcript.text if transcript.content_events >= 2 else None
         self._shift = transcript.produced  # tokens the continuation counts as prompt
         self._prompt_ids = transcript.prompt_token_ids
+        ids = transcript.prompt_token_ids
+        # The original prompt's tokens where the first stream said (token ids, per-chunk usage).
+        self._prompt = len(ids) if ids is not None else transcript.prompt_tokens
 
     def rewrite(self, event: Event) -> Event | None:
         data = event.data
@@ -103,6 +106,8 @@ class Stitcher:
 
     def _move_tokens(self, usage: dict[str, Any]) -> None:
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if type(prompt) is int and type(completion) is int:
-            usage["prompt_tokens"] = max(0, prompt - self._shift)
+        if type(prompt) is int and type(completion) is int and prompt >= 0 and completion >= 0:
+            usage["prompt_tokens"] = self._prompt if self._prompt is not None else max(0, prompt - self._shift)
             usage["completion_tokens"] = completion + self._shift
+            if "total_tokens" in usage:
+                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]

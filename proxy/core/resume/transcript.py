@@ -30,10 +30,13 @@ class Transcript:
     __slots__ = (
         "_ids_complete",
         "_parts",
+        "_usage_bad",
+        "chunks",
         "content_events",
         "identity",
         "other_output",
         "prompt_token_ids",
+        "prompt_tokens",
         "reported_completion",
         "token_ids",
     )
@@ -42,10 +45,13 @@ class Transcript:
         self._parts: list[str] = []
         self.identity: dict[str, Any] | None = None  # the first chunk's id, created, model, fingerprint
         self.content_events = 0  # chunks that carried text
+        self.chunks = 0  # chunks that carried a token, text or not (vLLM's "" while it holds back bytes)
         self.token_ids: list[int] = []  # the generated tokens, where the backend returns them
         self._ids_complete = True  # every text chunk came with its token ids
         self.prompt_token_ids: list[int] | None = None  # the prompt as the backend tokenized it
         self.reported_completion: int | None = None  # per-chunk usage (vLLM continuous_usage_stats)
+        self.prompt_tokens: int | None = None  # the original prompt's tokens, where a chunk said
+        self._usage_bad = False  # a per-chunk usage was not a count: none is trusted any more
         self.other_output = False  # output that is not text was received
 
     @property
@@ -61,17 +67,30 @@ class Transcript:
 
     @property
     def produced(self) -> int:
-        """Completion tokens received: exact from token ids or per-chunk usage, else one per chunk.
+        """Completion tokens received: exact from token ids, else the larger of per-chunk usage
+        (validated) and the chunks that carried a token.
 
-        The backends here stream one token per chunk unless a token ends inside a multi-byte
-        character or the engine batches its output, so the chunk count never exceeds the tokens.
+        A chunk is counted whether its text is empty or not: vLLM sends `"content": ""` for each
+        token that ends inside a multi-byte character (issue 25: 22 tokens, 17 of them such chunks,
+        had counted 5). A backend that batches several tokens per chunk without token ids or
+        per-chunk usage is still undercounted (see docs/resume.md).
         """
         exact = self.exact_tokens
         if exact is not None:
             return len(exact)
-        if self.reported_completion is not None:
-            return self.reported_completion
-        return self.content_events
+        if self.reported_completion is not None and not self._usage_bad:
+            return max(self.reported_completion, self.chunks)
+        return max(self.chunks, self.content_events)
+
+    def _note_usage(self, usage: dict[str, Any]) -> None:
+        """Per-chunk usage is cumulative and never negative: anything else distrusts it for good."""
+        completion, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        if type(completion) is not int or completion < 0 or completion < (self.reported_completion or 0):
+            self._usage_bad = True
+            return
+        self.reported_completion = completion
+        if type(prompt) is int and prompt >= 0 and self.prompt_tokens is None:
+            self.prompt_tokens = prompt
 
     def note(self, obj: dict[str, Any]) -> None:
         """One chunk object of the stream as the client receives it."""
@@ -84,14 +103,16 @@ class Transcript:
         if first and self.prompt_token_ids is None:
             self.prompt_token_ids = _token_ids(obj.get("prompt_token_ids"))
         usage = obj.get("usage")
-        if usage and choices and type(usage) is dict and type(usage.get("completion_tokens")) is int:
-            self.reported_completion = usage["completion_tokens"]
+        if usage and choices and type(usage) is dict:
+            self._note_usage(usage)
         for choice in choices:
             if type(choice) is not dict or choice.get("index", 0) != 0:
                 continue
             if first and self.prompt_token_ids is None:  # (vLLM's completions put it on the choice)
                 self.prompt_token_ids = _token_ids(choice.get("prompt_token_ids"))
             delta = choice.get("delta")
+            if self._carries_token(choice, delta):
+                self.chunks += 1
             if type(delta) is dict:
                 text = delta.get("content")
                 if (len(delta) > 1 or text is None) and any(
@@ -109,3 +130,14 @@ class Transcript:
             self.content_events += 1
             if ids is None:
                 self._ids_complete = False
+
+    @staticmethod
+    def _carries_token(choice: dict[str, Any], delta: object) -> bool:
+        """A chunk of generated text, empty or not: not a role chunk, not an empty finish chunk."""
+        if type(delta) is dict:
+            if "role" in delta:
+                return False
+            text = delta.get("content")
+        else:
+            text = choice.get("text")
+        return type(text) is str and (bool(text) or not choice.get("finish_reason"))
