@@ -136,8 +136,10 @@ async def probe_stops_generation(ctx: Context) -> Finding:
     if went_on:
         hook = ctx.backend.abort_hook
         flags = (f"--cancel-hook {hook}",) if hook else ()
-        detail += "; a --cancel-hook calling the backend's abort API is needed" if hook else (
-            "; closing the connection does not stop this backend and it has no abort API the check knows"
+        detail += (
+            "; a --cancel-hook calling the backend's abort API is needed"
+            if hook
+            else ("; closing the connection does not stop this backend and it has no abort API the check knows")
         )
     return Finding("abort.stops_generation", result, f"{ctx.backend.generated}: {detail}", flags)
 
@@ -203,8 +205,12 @@ async def probe_prefill(ctx: Context) -> Finding:
             return Finding("resume.prefill", UNKNOWN, f"a greedy answer of {len(fresh)} content events is too short")
         found = prefill_cut(fresh)  # a point where a continuation and a restart differ
         if found is None:
-            return Finding("resume.prefill", UNKNOWN, "the greedy answer repeats itself (or is broken UTF-8) "
-                           "from its start: a continuation and a restart would look alike")  # fmt: skip
+            why = (
+                "starts with broken UTF-8 (U+FFFD), which cannot be sent back as the tokens that made it"
+                if "\ufffd" in "".join(fresh[:3])
+                else "repeats itself from its start: a continuation and a restart would look alike"
+            )
+            return Finding("resume.prefill", UNKNOWN, f"the greedy answer {why}")
         cut = found
         messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "".join(fresh[:cut])}]
         for form, fields in forms.items():
