@@ -28,7 +28,7 @@ from support import Proxy, ProxyFactory
 from support.cut_relay import CutRelay, Gate
 from vllm_tier import MODEL, VllmServer, metric
 
-# The timeout covers the session vLLM's start (20-50 s, minutes on a busy machine) in the first test.
+# The timeout covers the session vLLM's start (20-50 s alone; up to 5 min seen on a shared busy machine).
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
 
 PROMPT = "Say something."

@@ -127,7 +127,7 @@ class VllmServer:
         return self.process.pid
 
     @classmethod
-    def start(cls, python: Path, model: Path, log: Path, *extra: str, within: float = 300.0) -> VllmServer:
+    def start(cls, python: Path, model: Path, log: Path, *extra: str, within: float = 540.0) -> VllmServer:
         port = free_port()
         args = [
             str(python),
