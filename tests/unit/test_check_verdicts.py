@@ -18,6 +18,7 @@ from proxy.tools.check.verdicts import (
     judge_prefill,
     judge_stream,
     judge_usage,
+    prefill_cut,
     prefill_mode,
 )
 
@@ -138,6 +139,28 @@ def test_prefill_modes(continued: list[str], mode: str) -> None:
 )
 def test_prefill_verdict(answers: dict[str, list[str]], result: str) -> None:
     assert judge_prefill(FRESH, answers, 3)[0] == result
+
+
+PERIODIC = ["ab", " cd", " ef"] * 6  # a tiny model's greedy answer that repeats itself (vLLM's did)
+
+
+def test_the_prefill_cut_is_where_a_continuation_and_a_restart_differ() -> None:
+    assert prefill_cut(FRESH) == 3
+    # cut after one period, the continuation of "ab cd ef" is " ab cd ef ...": a restart to the eye
+    assert prefill_cut(PERIODIC) == 4
+    assert prefill_cut(["\n"] * 30) is None  # nothing tells the two apart
+    assert prefill_cut(["\ufffd", "a", "b", "c", "d", "e", "f"]) is None  # broken UTF-8 cannot be sent back
+
+
+def test_a_self_repeating_answer_continued_is_not_taken_for_a_restart() -> None:
+    """Before: cut at 3, vLLM's exact continuation of a periodic answer was judged `unsupported`."""
+    cut = prefill_cut(PERIODIC)
+    assert cut is not None
+    continued = PERIODIC[cut : cut + 8]
+    assert judge_prefill(PERIODIC, {"with": continued, "plain": PERIODIC[:8]}, cut)[0] == "ok"
+    assert judge_prefill(PERIODIC, {"with": PERIODIC[:8], "plain": PERIODIC[:8]}, cut)[0] == "unsupported"
+    # at a cut where the two look alike the probe says so instead of guessing
+    assert judge_prefill(PERIODIC, {"with": PERIODIC[3:11], "plain": PERIODIC[:8]}, 3)[0] == "unknown"
 
 
 LLAMA_METRICS = """# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.

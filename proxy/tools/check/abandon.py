@@ -24,7 +24,7 @@ from proxy.tools.check.client import Stream, Unreachable
 from proxy.tools.check.probes import Context
 from proxy.tools.check.report import FAIL, OK, QUIRK, UNKNOWN, Finding
 from proxy.tools.check.requests import DIALECTS, PROMPT, chat_body, content_of
-from proxy.tools.check.verdicts import judge_abort, judge_prefill, message_of
+from proxy.tools.check.verdicts import judge_abort, judge_prefill, message_of, prefill_cut
 
 __all__ = ["probe_conversation_replay", "probe_prefill", "probe_stops_generation"]
 
@@ -136,8 +136,10 @@ async def probe_stops_generation(ctx: Context) -> Finding:
     if went_on:
         hook = ctx.backend.abort_hook
         flags = (f"--cancel-hook {hook}",) if hook else ()
-        detail += "; a --cancel-hook calling the backend's abort API is needed" if hook else (
-            "; closing the connection does not stop this backend and it has no abort API the check knows"
+        detail += (
+            "; a --cancel-hook calling the backend's abort API is needed"
+            if hook
+            else ("; closing the connection does not stop this backend and it has no abort API the check knows")
         )
     return Finding("abort.stops_generation", result, f"{ctx.backend.generated}: {detail}", flags)
 
@@ -192,7 +194,6 @@ async def probe_prefill(ctx: Context) -> Finding:
     what follows, and is the prefix echoed in front of it?"""
     if not ctx.served.get("chat_completions"):
         return Finding("resume.prefill", UNKNOWN, "chat completions are not served")
-    cut = 3
     forms = {
         "with continue_final_message": {"continue_final_message": True, "add_generation_prompt": False},
         "plain": {},
@@ -200,8 +201,17 @@ async def probe_prefill(ctx: Context) -> Finding:
     answers: dict[str, list[str]] = {}
     try:
         stream, fresh = await _deltas(ctx, chat_body(ctx.model, 32, stream=True))
-        if stream.status != 200 or len(fresh) < cut + 3:
+        if stream.status != 200 or len(fresh) < 6:
             return Finding("resume.prefill", UNKNOWN, f"a greedy answer of {len(fresh)} content events is too short")
+        found = prefill_cut(fresh)  # a point where a continuation and a restart differ
+        if found is None:
+            why = (
+                "starts with broken UTF-8 (U+FFFD), which cannot be sent back as the tokens that made it"
+                if "\ufffd" in "".join(fresh[:3])
+                else "repeats itself from its start: a continuation and a restart would look alike"
+            )
+            return Finding("resume.prefill", UNKNOWN, f"the greedy answer {why}")
+        cut = found
         messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "".join(fresh[:cut])}]
         for form, fields in forms.items():
             body = chat_body(ctx.model, 16, stream=True, **fields)

@@ -204,6 +204,21 @@ def judge_abort(
 ECHOED, RESTARTED, CONTINUED, OTHER = "echoed", "restarted", "continued", "other"
 
 
+def prefill_cut(fresh: list[str], least: int = 3, span: int = 3) -> int | None:
+    """Where to cut a greedy answer for the prefill probe: the first point from ``least`` on where what
+    follows does not begin as the answer began (a tiny or random model's greedy answer repeats itself:
+    cut "ab ab ab" after "ab", and the continuation " ab ab" reads as a restart, as vLLM's was taken for
+    one), whose prefix holds no U+FFFD (broken UTF-8 cannot be sent back as the bytes that made it), and
+    with ``span`` deltas after it to compare. None: no such point, the answer cannot tell the two apart."""
+    for cut in range(least, len(fresh) - span + 1):
+        if "\ufffd" in "".join(fresh[:cut]):
+            return None
+        rest, start = fresh[cut : cut + span], fresh[:span]
+        if rest != start and not "".join(fresh[cut:]).lstrip().startswith("".join(start).lstrip()[:12]):
+            return cut
+    return None
+
+
 def prefill_mode(fresh: list[str], continued: list[str], cut_at: int) -> str:
     """What one request with the first ``cut_at`` deltas of a greedy answer as a trailing assistant
     message did. Greedy decoding makes a restarted answer repeat the prefix too, but delta by delta as
@@ -225,6 +240,8 @@ def judge_prefill(fresh: list[str], answers: dict[str, list[str]], cut_at: int) 
     """``answers``: per form of the request (with `continue_final_message`, plain), its content deltas."""
     if len(fresh) < cut_at + 3 or not all(answers.values()):
         return UNKNOWN, "the answers were too short to compare"
+    if prefill_cut(fresh, cut_at) != cut_at:
+        return UNKNOWN, "the greedy answer repeats itself: a continuation and a restart would look alike"
     modes = {form: prefill_mode(fresh, deltas, cut_at) for form, deltas in answers.items()}
     seen = "; ".join(f"{form}: {_MODE_TEXT[mode]}" for form, mode in modes.items())
     if ECHOED in modes.values():

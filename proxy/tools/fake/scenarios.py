@@ -308,6 +308,18 @@ async def _vllm_abort(ex: Exchange, fault: Fault) -> web.StreamResponse:
     return await stream_normally(ex)
 
 
+# The bytes real vLLM (0.32.0) sends when its EngineCore dies mid-stream: `json.dumps`' spaced JSON (its
+# data chunks are compact), then [DONE], at the 200 already sent; then the server exits.
+VLLM_ENGINE_DEAD_FRAME = (
+    b'data: {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root '
+    b'cause.", "type": "InternalServerError", "param": null, "code": 500}}\n\n'
+)
+
+
+async def _vllm_engine_dead(ex: Exchange, fault: Fault) -> web.StreamResponse:
+    return await _first_content_then(ex, VLLM_ENGINE_DEAD_FRAME, then_done=True)
+
+
 _REGISTRY = (
     Scenario("stray_503", GENERATION, "stream", ("after", "once"),
              "200, `after` events (the preamble), then a raw HTTP/1.0 503 block inside the body, then close "
@@ -362,6 +374,9 @@ _REGISTRY = (
     Scenario("vllm_abort", CHAT_LIKE, "any", ("at",),
              '`at` content events (half), then every choice ends with finish_reason "abort" and [DONE] '
              "(vLLM #57082); non-stream: a 200 whose choices say abort", _vllm_abort),
+    Scenario("vllm_engine_dead", CHAT_LIKE, "stream", (),
+             "first content, then real vLLM's engine-death frame (spaced JSON, InternalServerError 500), "
+             "then [DONE]", _vllm_engine_dead),
 )  # fmt: skip
 
 SCENARIOS = MappingProxyType({s.name: s for s in _REGISTRY})

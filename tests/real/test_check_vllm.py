@@ -1,0 +1,59 @@
+"""`streamwarden check` against a real vLLM: what it reports is what tests/real/test_vllm.py shows by hand
+(a malformed body is a 400, the over-long prompt the dialect's 400, a close stops the generation and
+X-Conversation-Id changes nothing, `vllm:` metrics on its own port), it names the server vLLM, and the
+report committed for docs/reference.md (docs/check/vllm.json) still holds for this vLLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from vllm_tier import VllmServer
+
+from proxy.tools.check.options import CheckOptions
+from proxy.tools.check.report import PROBE_IDS
+from proxy.tools.check.run import run_check
+
+pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
+
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "check" / "vllm.json"
+EXPECTED = {
+    "dialect.chat_completions": "ok",
+    "dialect.completions": "ok",
+    "dialect.responses": "ok",
+    "dialect.messages": "ok",
+    "stream.terminal": "ok",
+    "stream.usage": "ok",
+    "errors.malformed_json": "ok",
+    "errors.context_overflow": "ok",
+    "abort.stops_generation": "ok",
+    "abort.conversation_replay": "ok",
+    # the tiny byte-level model's greedy answer starts with broken UTF-8: not verifiable, and no longer
+    # the false "unsupported" a self-repeating answer gave (vLLM continues exactly: test_vllm.py's resume)
+    "resume.prefill": "unknown",
+    "health": "ok",
+    "metrics": "ok",
+}
+
+
+async def test_check_reports_what_vllm_really_does(vllm_server: VllmServer) -> None:
+    report = await run_check(CheckOptions(vllm_server.url, timeout=60.0))
+    print("\n" + "\n".join(f"{f.id}: {f.result}: {f.detail}" for f in report.probes))
+    assert [f.id for f in report.probes] == list(PROBE_IDS)
+    assert {f.id: f.result for f in report.probes} == EXPECTED
+    assert report.server is not None
+    assert report.server.startswith("vLLM 0.32.0")
+    assert report.model == "tiny"
+    details = {f.id: f.detail for f in report.probes}
+    assert details["errors.malformed_json"].startswith("400")
+    assert "maximum context length is 4096 tokens" in details["errors.context_overflow"]
+    assert "vllm:generation_tokens_total: stopped" in details["abort.stops_generation"]
+    assert "prefix vllm:" in details["metrics"]
+    assert report.recommended_flags == ["--health-path /health"]
+
+    committed = orjson.loads(COMMITTED.read_bytes())
+    assert {p["id"]: (p["result"], p["flags"]) for p in committed["probes"]} == {
+        f.id: (f.result, list(f.flags)) for f in report.probes
+    }
+    assert committed["recommended_flags"] == report.recommended_flags
