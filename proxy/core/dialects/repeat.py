@@ -36,7 +36,6 @@ _MARK = "\x01\x02streamwarden-text\x03"  # stands in for the leaf while locating
 _MARK_JSON = orjson.dumps(_MARK)[1:-1]
 _NUM_MARK = "\x01\x02streamwarden-number\x03"  # stands in for the integer leaf
 _NUM_MARK_JSON = orjson.dumps(_NUM_MARK)  # (with its quotes: a number has none)
-_NUMBER = re.compile(rb"0|[1-9][0-9]{0,17}")  # well within orjson's 64-bit ints
 _TRIES = 4  # events that may fail to become a template before a stream stops trying
 
 
@@ -79,23 +78,19 @@ class ContentTemplate:
 
     def _slots(self, data: bytes, a: int, b: int) -> int:
         """`data[a:b]` is a text leaf, the middle bytes and an integer leaf (in the template's order):
-        the integer, else -1."""
+        the integer, else -1. (Digits hold no byte of the middle, which starts with `,`/`}` or a
+        quote and ends with `:`, so the middle is found next to the digits whenever they are valid.)"""
         mid = self._mid
         assert mid is not None
         if self._num_first:
-            m = _NUMBER.match(data, a, b)
-            if m is None:
+            i = data.find(mid, a, min(b, a + 18 + len(mid)))
+            c = i + len(mid)
+            if i < 0 or not _number(data, a, i) or not _text(data, c, b):
                 return -1
-            e = m.end()
-            if not data.startswith(mid, e) or not _text(data, e + len(mid), b):
-                return -1
-            return int(data[a:e])
-        t = _ANY_TEXT.match(data, a, b)
-        if t is None:
-            return -1
-        e = t.end()
-        c = e + len(mid)
-        if c >= b or not data.startswith(mid, e) or _NUMBER.fullmatch(data, c, b) is None or not _text(data, a, e):
+            return int(data[a:i])
+        i = data.rfind(mid, a, b)
+        c = i + len(mid)
+        if i < 0 or not _number(data, c, b) or not _text(data, a, i):
             return -1
         return int(data[c:b])
 
@@ -214,6 +209,11 @@ class ContentTemplate:
             self._mid, self._num_first = mid, first
         self._head, self._tail = head, tail
         self._event_head, self._event_tail = prefix + head, tail + b"\n\n"
+
+
+def _number(data: bytes, a: int, b: int) -> bool:
+    """`data[a:b]` is a JSON integer that orjson reads as a non-negative int below 10**18."""
+    return 0 < b - a <= 18 and data[a:b].isdigit() and (data[a] != 0x30 or b - a == 1)
 
 
 def _text(data: bytes, a: int, b: int) -> bool:
