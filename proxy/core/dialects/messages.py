@@ -12,22 +12,33 @@ from typing import Any
 
 from proxy.core.dialects.base import DialectStream, Kind, Usage, usage_from
 from proxy.core.dialects.errors import ErrorCode, anthropic_error_body, describe_error, is_error_object
+from proxy.core.dialects.repeat import ContentTemplate
 from proxy.core.sse import Event
 
 __all__ = ["MESSAGE_STOP_FRAME", "MessagesStream"]
 
 MESSAGE_STOP_FRAME = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+# The string leaf of each delta type: what varies from one `content_block_delta` to the next.
+_DELTA_TEXT = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 
 
 class MessagesStream(DialectStream):
     """Tracks the stop reason and the usage split over `message_start` and `message_delta`."""
 
-    __slots__ = ("_prompt", "_stopped")
+    __slots__ = ("_prompt", "_stopped", "_template")
 
     def __init__(self) -> None:
         super().__init__()
         self._stopped = False
         self._prompt: int | None = None
+        self._template = ContentTemplate()
+
+    def may_repeat(self) -> bool:
+        return self._template.hopeful
+
+    def repeats(self, chunk: bytes, start: int, limit: int) -> tuple[int, int]:
+        """A `content_block_delta` changes no state: a repeat of one is CONTENT and nothing else."""
+        return self._template.run(chunk, start, limit)
 
     @property
     def finished(self) -> bool:
@@ -50,6 +61,7 @@ class MessagesStream(DialectStream):
                 return Kind.FOREIGN
             return Kind.PASS
         if kind == "content_block_delta":
+            self._learn(event, name, obj)
             return Kind.CONTENT
         if kind == "message_stop":
             return Kind.TERMINAL
@@ -69,6 +81,19 @@ class MessagesStream(DialectStream):
                     self.finish_reasons = (reason,)
             self._add_usage(obj.get("usage"), with_output=True)
         return Kind.PASS
+
+    def _learn(self, event: Event, name: str, obj: dict[str, Any]) -> None:
+        """A delta's text (or thinking, or partial JSON) as the template's leaf."""
+        delta = obj.get("delta")
+        if type(delta) is not dict:
+            return
+        key = _DELTA_TEXT.get(delta.get("type"))  # type: ignore[arg-type]
+        if key is None:
+            return
+        text = delta.get(key)
+        if type(text) is str and text:
+            prefix = b"event: " + name.encode() + b"\ndata: "
+            self._template.learn(event.data, obj, delta, key, prefix=prefix, raw=event.raw)
 
     def _add_usage(self, usage: object, *, with_output: bool) -> None:
         """Input from `message_start` (or a later delta that repeats it); output from `message_delta`.

@@ -21,6 +21,7 @@ from proxy.core.dialects.errors import (
     openai_type,
     responses_code,
 )
+from proxy.core.dialects.repeat import ContentTemplate
 from proxy.core.sse import Event
 
 __all__ = ["ResponsesStream"]
@@ -33,12 +34,25 @@ _CODE_STATUS = {"rate_limit_exceeded": 429, "invalid_prompt": 400, "server_error
 class ResponsesStream(DialectStream):
     """Remembers the response object's identity and the last sequence number, to continue both."""
 
-    __slots__ = ("_response", "_seq")
+    __slots__ = ("_response", "_seq", "_template")
 
     def __init__(self) -> None:
         super().__init__()
         self._seq = -1
         self._response: dict[str, object] = {}
+        self._template = ContentTemplate()  # `*.delta` events: the delta and the sequence number vary
+
+    def may_repeat(self) -> bool:
+        return self._template.hopeful
+
+    def repeats(self, chunk: bytes, start: int, limit: int) -> tuple[int, int]:
+        """A repeat of a delta event is CONTENT whose only effect is its sequence number (the largest
+        one is what the proxy's own frames continue from; taking it early is the same, see guard)."""
+        template = self._template
+        count, end = template.run(chunk, start, limit)
+        if count and template.number > self._seq:
+            self._seq = template.number
+        return count, end
 
     @property
     def finished(self) -> bool:
@@ -55,7 +69,12 @@ class ResponsesStream(DialectStream):
         kind = obj.get("type") or event.event
         if isinstance(kind, str) and kind.startswith("response."):
             if kind.endswith(".delta"):
-                return Kind.CONTENT if obj.get("delta") else Kind.PASS
+                delta = obj.get("delta")
+                if not delta:
+                    return Kind.PASS
+                if type(delta) is str and obj.get("type") == kind:
+                    self._learn(event, obj)
+                return Kind.CONTENT
             response = obj.get("response")
             if kind in _PRELUDE:
                 self._remember(response)
@@ -79,6 +98,19 @@ class ResponsesStream(DialectStream):
             self.error = describe_error(obj)
             return Kind.FOREIGN
         return Kind.PASS
+
+    def _learn(self, event: Event, obj: dict[str, Any]) -> None:
+        """The delta as the text leaf and the sequence number, when it is an int, as the integer one:
+        a repeat is a `*.delta` event of the same type whose effect is `_seq = max(_seq, its number)`."""
+        name = event.event
+        if name is None:
+            return
+        seq = obj.get("sequence_number")
+        number = (obj, "sequence_number") if type(seq) is int else None
+        if number is None and "sequence_number" in obj:
+            return  # (a sequence number of another type: never a repeat)
+        prefix = b"event: " + name.encode() + b"\ndata: "
+        self._template.learn(event.data, obj, obj, "delta", number=number, prefix=prefix, raw=event.raw)
 
     def _remember(self, response: object) -> None:
         if isinstance(response, dict):
