@@ -213,3 +213,15 @@ def test_the_table_and_the_json_say_the_same() -> None:
     assert Report.from_json(report.to_json()).to_json() == report.to_json()
     with pytest.raises(ValueError, match="result must be one of"):
         Finding("health", "meh", "")
+
+
+def test_an_echo_is_a_quirk_even_when_the_answer_cannot_verify_a_continuation() -> None:
+    """llama-server's tiny model answers broken UTF-8 first: no clean cut, but its echo still shows."""
+    from proxy.tools.check.verdicts import judge_prefill
+
+    fresh = ["\ufffd", "a", "b", "c", "d", "e", "f"]
+    echoed = {"plain": ["\ufffdab" + "c", "d"]}
+    result, detail = judge_prefill(fresh, echoed, 3, unverifiable="starts with broken UTF-8")
+    assert result == "quirk", detail
+    result, detail = judge_prefill(fresh, {"plain": ["x", "y"]}, 3, unverifiable="starts with broken UTF-8")
+    assert (result, detail) == ("unknown", "the greedy answer starts with broken UTF-8")

@@ -204,14 +204,14 @@ async def probe_prefill(ctx: Context) -> Finding:
         if stream.status != 200 or len(fresh) < 6:
             return Finding("resume.prefill", UNKNOWN, f"a greedy answer of {len(fresh)} content events is too short")
         found = prefill_cut(fresh)  # a point where a continuation and a restart differ
-        if found is None:
-            why = (
+        unverifiable = None
+        if found is None:  # an echo still shows: ask at the first deltas, judge the echo only
+            unverifiable = (
                 "starts with broken UTF-8 (U+FFFD), which cannot be sent back as the tokens that made it"
                 if "\ufffd" in "".join(fresh[:3])
                 else "repeats itself from its start: a continuation and a restart would look alike"
             )
-            return Finding("resume.prefill", UNKNOWN, f"the greedy answer {why}")
-        cut = found
+        cut = 3 if found is None else found
         messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "".join(fresh[:cut])}]
         for form, fields in forms.items():
             body = chat_body(ctx.model, 16, stream=True, **fields)
@@ -224,5 +224,5 @@ async def probe_prefill(ctx: Context) -> Finding:
             # else the continuation fields are not understood: the plain form is judged alone
     except Unreachable as exc:
         return Finding("resume.prefill", FAIL, f"no answer: {exc}")
-    result, detail = judge_prefill(fresh, answers, cut)
+    result, detail = judge_prefill(fresh, answers, cut, unverifiable=unverifiable)
     return Finding("resume.prefill", result, detail)

@@ -236,16 +236,22 @@ def prefill_mode(fresh: list[str], continued: list[str], cut_at: int) -> str:
     return OTHER
 
 
-def judge_prefill(fresh: list[str], answers: dict[str, list[str]], cut_at: int) -> tuple[str, str]:
-    """``answers``: per form of the request (with `continue_final_message`, plain), its content deltas."""
+def judge_prefill(
+    fresh: list[str], answers: dict[str, list[str]], cut_at: int, *, unverifiable: str | None = None
+) -> tuple[str, str]:
+    """``answers``: per form of the request (with `continue_final_message`, plain), its content deltas.
+    ``unverifiable``: why the greedy answer cannot tell a continuation from a restart (then only an
+    echo, which shows whatever the answer, is judged)."""
     if len(fresh) < cut_at + 3 or not all(answers.values()):
         return UNKNOWN, "the answers were too short to compare"
-    if prefill_cut(fresh, cut_at) != cut_at:
-        return UNKNOWN, "the greedy answer repeats itself: a continuation and a restart would look alike"
+    if unverifiable is None and prefill_cut(fresh, cut_at) != cut_at:
+        unverifiable = "repeats itself: a continuation and a restart would look alike"
     modes = {form: prefill_mode(fresh, deltas, cut_at) for form, deltas in answers.items()}
     seen = "; ".join(f"{form}: {_MODE_TEXT[mode]}" for form, mode in modes.items())
     if ECHOED in modes.values():
         return QUIRK, f"the prefix is echoed in the first delta (--resume-on-cut must strip it): {seen}"
+    if unverifiable is not None:
+        return UNKNOWN, f"the greedy answer {unverifiable}"
     if CONTINUED in modes.values():
         return OK, f"a trailing assistant message is continued without an echo: {seen}"
     if set(modes.values()) == {RESTARTED}:
