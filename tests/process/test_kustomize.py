@@ -274,6 +274,11 @@ def test_kubectl_logs_shows_the_backend_and_the_backend_is_hardened(name: str) -
     if context["readOnlyRootFilesystem"]:
         mounts = {m["mountPath"] for m in backend["volumeMounts"]}
         assert "/tmp" in mounts
+    if name == "vllm-sidecar.yaml":
+        # getpass.getuser() (torch's and vLLM's cache folders, at import) fails for a UID without a
+        # passwd entry unless an environment variable names the user: it reads LOGNAME, USER first.
+        env = {e["name"]: e.get("value") for e in backend["env"]}
+        assert env.get("USER") or env.get("LOGNAME"), "vLLM would die on import as an arbitrary UID"
     image = backend["image"]
     assert re.fullmatch(r"[^:]+:(v\d+\.\d+\.\d+|server-b\d+)", image), image
     if name == "llamacpp-sidecar.yaml":
