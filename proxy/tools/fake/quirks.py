@@ -53,6 +53,7 @@ QUIRKS = MappingProxyType({
     "prefill_echo": "a continued assistant message is echoed in front of the continuation (llama-server)",
     "no_prefill": "a trailing assistant message is not continued: a new answer starts",
     "no_metrics": "no /metrics endpoint",
+    "no_tokenize": "no /tokenize endpoint (a backend without a tokenizer to ask)",
     "health_lies": "/health and /v1/models answer 200 while every generation request gets 503",
     "chat_only": "only /v1/chat/completions is served: completions, responses and messages are 404",
 })  # fmt: skip
@@ -101,6 +102,7 @@ class FakeStats:
 
     generated: int = 0
     running: int = 0
+    tokenized: int = 0  # /tokenize requests answered
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
