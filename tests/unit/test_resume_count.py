@@ -50,7 +50,8 @@ def test_a_batched_stream_without_a_count_asks_the_tokenizer() -> None:
     assert need is not None
     body, limit = need
     assert orjson.loads(body) == {"model": "m", "prompt": SO_FAR, "add_special_tokens": False,
-                                  "content": SO_FAR, "add_special": False}
+                                  "return_token_strs": True, "content": SO_FAR, "add_special": False,
+                                  "with_pieces": True}
     assert limit == answer_limit(SO_FAR)
     assert orjson.loads(resumer.body())["max_tokens"] == 27  # (before the count: by chunks, a lower bound)
     assert resumer.counted(200, b'{"count": 9, "max_model_len": 4096, "tokens": [1,2,3,4,5,6,7,8,9]}')
@@ -118,8 +119,26 @@ def test_an_answer_that_is_no_count_is_a_refusal(status: int, answer: bytes, why
 def test_both_shapes_of_answer_are_read() -> None:
     assert read_count(200, b'{"count": 9, "max_model_len": 4096, "tokens": [1,2,3,4,5,6,7,8,9]}', SO_FAR) == 9
     assert read_count(200, b'{"tokens": [1,2,3,4,5,6,7,8,9]}', SO_FAR) == 9  # llama-server
-    assert orjson.loads(tokenize_body(None, "x")) == {"prompt": "x", "add_special_tokens": False, "content": "x",
-                                                       "add_special": False}
+    assert orjson.loads(tokenize_body(None, "x")) == {"prompt": "x", "add_special_tokens": False,
+                                                       "return_token_strs": True, "content": "x",
+                                                       "add_special": False, "with_pieces": True}
+    # llama-server's pieces (text, or bytes where a token is not UTF-8)
+    pieces = b'{"tokens": [{"id": 5, "piece": "The"}, {"id": 6, "piece": [226, 150]}]}'
+    assert read_count(200, pieces, "The\u00e9") == 2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b'{"tokens": [{"id": 29871, "piece": " "}, {"id": 7, "piece": "a"}, {"id": 8, "piece": "b"}]}',
+        '{"count": 3, "tokens": [29871, 7, 8], "token_strs": ["\u2581", "a", "b"]}'.encode(),
+    ],
+)
+def test_a_sentencepiece_dummy_prefix_is_not_counted(answer: bytes) -> None:
+    """SentencePiece tokenizes "ab" as "▁", "a", "b": the space was never written (llama-server's
+    single-character test model would otherwise be counted one token too many at every cut)."""
+    assert read_count(200, answer, "ab") == 2
+    assert read_count(200, answer, " ab") == 3  # (a text that starts with a space has it)
 
 
 def test_a_count_that_uses_the_budget_up_is_refused() -> None:
