@@ -4,7 +4,8 @@ ids nor per-chunk usage. The proxy asks the backend's `/tokenize` for the count 
 without an answer it can trust, it refuses to continue rather than ask for more than the budget left.
 
 The fake upstream sends `per=3` words (its tokens) in each chunk, and serves `/tokenize` (one token
-per word) unless it has the `no_tokenize` quirk; `tokenize=MODE` makes that endpoint hostile.
+per word) unless told not to (`tokenize=False`, `fake-upstream --no-tokenize`); `tokenize=MODE`
+makes that endpoint hostile.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ async def test_a_backend_without_a_tokenizer_is_not_continued(
     make_proxy: ProxyFactory, aiohttp_server: AiohttpServer
 ) -> None:
     """No `/tokenize` (404): the count by chunks is only a lower bound, so no continuation is sent."""
-    app = build_app(FakeSettings(quirk="no_tokenize"))
+    app = build_app(FakeSettings(tokenize=False))
     server = await aiohttp_server(app)
     proxy = await make_proxy(upstream=str(server.make_url("")).rstrip("/"), resume_on_cut=1)
     with pytest.raises(openai.APIError) as raised:

@@ -81,7 +81,7 @@ def build_app(settings: FakeSettings = FakeSettings()) -> web.Application:  # no
     app.on_cleanup.append(cancel_run_ons)
     if settings.quirk != "no_metrics":
         app.router.add_get("/metrics", _metrics)
-    if settings.quirk != "no_tokenize":
+    if settings.tokenize:
         app.router.add_post("/tokenize", _tokenize)
     for prefix in ("", "/v1"):
         for api, path in (

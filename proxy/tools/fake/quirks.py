@@ -53,7 +53,6 @@ QUIRKS = MappingProxyType({
     "prefill_echo": "a continued assistant message is echoed in front of the continuation (llama-server)",
     "no_prefill": "a trailing assistant message is not continued: a new answer starts",
     "no_metrics": "no /metrics endpoint",
-    "no_tokenize": "no /tokenize endpoint (a backend without a tokenizer to ask)",
     "health_lies": "/health and /v1/models answer 200 while every generation request gets 503",
     "chat_only": "only /v1/chat/completions is served: completions, responses and messages are 404",
 })  # fmt: skip
