@@ -10,9 +10,11 @@ makes that endpoint hostile.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -136,3 +138,26 @@ async def test_no_tokenizer_is_asked_when_no_count_matters(
     assert text_of(chunks).startswith(text_of(whole))  # (the fake's continuation has a length of its own)
     assert fake_upstream.server.app[STATS].tokenized == 0
     assert resumes(proxy, "resumed") == 1
+
+
+async def test_shutdown_ends_the_wait_for_the_tokenizer(make_proxy: ProxyFactory, fake_upstream: FakeUpstream) -> None:
+    """A `/tokenize` that never answers holds the continuation up to --first-byte-timeout (60 s here):
+    shutdown ends that wait at once, with the stream's shutdown frame."""
+    proxy = await make_proxy(resume_on_cut=1, first_byte_timeout=60.0, drain_timeout=0.2)
+    stats = fake_upstream.server.app[STATS]
+    body = {"model": "fake-model", "stream": True, "messages": PROMPT, "max_tokens": BUDGET}
+    headers = {"x-fault": CUT + ";tokenize=slow", "X-Request-Id": "tok-5"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(proxy.url + "/v1/chat/completions", json=body, headers=headers) as resp,
+    ):
+        received = b""
+        async with asyncio.timeout(10):
+            await stats.tokenize_asked.wait()  # (then the proxy waits for /tokenize, which never answers)
+            proxy.server.request_stop()
+            shutting = asyncio.create_task(proxy.server.shutdown())
+            received += await resp.content.read()
+            await shutting
+    assert b'"code":"shutdown"' in received
+    line = await proxy.line_for("tok-5")
+    assert (line["outcome"], line["reason"]) == ("error", "shutdown")

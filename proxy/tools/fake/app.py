@@ -280,6 +280,7 @@ async def _tokenize(request: web.Request) -> web.StreamResponse:
     except (BadRequest, orjson.JSONDecodeError) as exc:
         return web.json_response({"error": {"message": str(exc), "type": "BadRequestError"}}, status=400)
     request.app[STATS].tokenized += 1
+    request.app[STATS].tokenize_asked.set()
     text = parsed.get("prompt", parsed.get("content")) if isinstance(parsed, dict) else None
     if not isinstance(text, str):
         return web.json_response({"error": {"message": "'prompt' must be a string"}}, status=400)
