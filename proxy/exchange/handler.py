@@ -30,7 +30,7 @@ from proxy.exchange.failures import Refusal, UpstreamFailure, first_byte_timeout
 from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
 from proxy.exchange.reply import carry_out, settle
 from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
-from proxy.exchange.resume_io import Resuming, continuation_headers, open_continuation
+from proxy.exchange.resume_io import Resuming, continuation_headers, count_tokens, open_continuation
 from proxy.exchange.state import ProxyState
 from proxy.exchange.stream_io import is_stream, relay_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink
@@ -203,17 +203,26 @@ def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str,
     cfg, pool = state.config, state.upstream
     sent = continuation_headers(headers)
 
-    async def reopen(body: bytes) -> UpstreamLink:
+    def drop_broken() -> None:
         if flight.link is not None:  # the broken response: its connection is never reused
             pool.close_link(flight.link)
             flight.link = None
+
+    async def reopen(body: bytes) -> UpstreamLink:
+        drop_broken()
         link, head = await open_continuation(
             pool, target, sent, body, first_byte_timeout=cfg.first_byte_timeout, interrupter=flight.interrupter
         )
         flight.link, flight.head = link, head
         return link
 
-    return Resuming(resumer, reopen, flight.interrupter, cfg.first_byte_timeout)
+    async def tokenize(body: bytes, limit: int) -> tuple[int, bytes]:
+        drop_broken()  # (the backend stops generating for it meanwhile)
+        return await count_tokens(
+            pool, sent, body, limit, within=cfg.first_byte_timeout, interrupter=flight.interrupter
+        )
+
+    return Resuming(resumer, reopen, tokenize, flight.interrupter, cfg.first_byte_timeout)
 
 
 async def _tell(flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None) -> None:

@@ -57,6 +57,12 @@ async def chat(base: str, gate: Gate | None = None, **extra: Any) -> list[dict[s
         return chunks
 
 
+async def words_tokenizer(request: web.Request) -> web.Response:
+    """vLLM's `/tokenize`, counting a token per word."""
+    count = len((await request.json())["prompt"].split())
+    return web.json_response({"count": count, "max_model_len": 4096, "tokens": list(range(count))})
+
+
 def text_of(chunks: list[dict[str, Any]]) -> str:
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 
@@ -167,6 +173,8 @@ async def test_a_continuation_the_backend_refuses_ends_as_today(
     seen: list[dict[str, Any]] = []
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(await request.json())
         if len(seen) > 1:
             error = {"error": {"message": "cannot continue", "type": "BadRequestError", "code": 400}}
@@ -220,6 +228,8 @@ async def test_a_continuation_answered_with_a_retryable_status_is_tried_again(
     seen: list[dict[str, Any]] = []
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(await request.json())
         if len(seen) == 2:
             error = {"error": {"message": "busy", "type": "server_error", "code": 503}}
@@ -246,6 +256,8 @@ async def test_a_client_that_leaves_during_a_continuation_cancels_it(
     seen = 0
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         nonlocal seen
         seen += 1
         if seen == 1:
@@ -317,6 +329,8 @@ def stray_then_whole(retry_after: str, seen: list[dict[str, Any]]) -> Any:
     """A backend whose first answer breaks with a stray 503 block after six words; later ones finish."""
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(await request.json())
         if len(seen) > 1:
             return await stream_words(request, ["seven"], finish=True)
@@ -390,6 +404,8 @@ async def test_an_error_frame_with_a_retryable_status_is_continued(
     seen: list[dict[str, Any]] = []
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(await request.json())
         if len(seen) > 1:
             return await stream_words(request, ["three"], finish=True)
@@ -416,6 +432,8 @@ async def test_completions_with_token_ids_are_continued_token_for_token(
         return sse({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m", "choices": [choice]})
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(await request.json())
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -484,6 +502,8 @@ async def test_the_kept_body_counts_in_the_body_budget_until_the_stream_ends(
     release = asyncio.Event()
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         await request.read()
         response = await stream_words(request, ["one ", "two "], finish=False)
         await release.wait()
@@ -535,6 +555,8 @@ async def test_vllms_empty_deltas_are_counted_as_tokens(
                                  "token_ids": None}]})
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(body := await request.json())
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)

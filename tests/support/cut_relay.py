@@ -73,7 +73,8 @@ class CutRelay:
     plan: Sequence[str | None]
     after: int = 5  # content events relayed before the break
     gate: Gate | None = None  # a `close` waits for the client to have what came before it
-    bodies: list[bytes] = field(default_factory=list)  # every request body, in order
+    bodies: list[bytes] = field(default_factory=list)  # every generation request's body, in order
+    tokenized: list[bytes] = field(default_factory=list)  # the bodies sent to /tokenize
     broken: int = 0  # responses broken so far
     _server: asyncio.Server | None = None
     _streams: int = 0
@@ -113,7 +114,7 @@ class CutRelay:
         request_line, headers = lines[0], [line.split(b":", 1) for line in lines[1:] if b":" in line]
         length = next((int(v) for k, v in headers if k.strip().lower() == b"content-length"), 0)
         body = await reader.readexactly(length)
-        self.bodies.append(body)
+        (self.tokenized if request_line.split(b" ")[1:2] == [b"/tokenize"] else self.bodies).append(body)
         target = URL(self.backend)
         up_reader, up_writer = await asyncio.open_connection(target.host, target.port)
         try:
