@@ -294,6 +294,16 @@ def response(status: int, body: bytes, content_type: bytes = b"application/json"
             % (status, reason, content_type, len(body), extra)) + body
 
 
+MiB = 1024 * 1024
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def chat_json(content: str = "hi") -> bytes:
+    """A whole chat completion, as a raw upstream answers it."""
+    return orjson.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]})
+
+
 # ---- raw-socket clients ----------------------------------------------------------------------
 
 
