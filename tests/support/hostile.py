@@ -34,6 +34,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: all held open at once, so the kernel cannot hand one out twice."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+
+
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + WAIT
     while True:
