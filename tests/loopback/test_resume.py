@@ -10,7 +10,6 @@ refusal, the limit, a continuation the backend refuses, and the flag off. The re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,7 +18,7 @@ import orjson
 import pytest
 from aiohttp import web
 from support import FakeUpstream, Proxy, ProxyFactory, ServeUpstream
-from support.cut_relay import CutRelay, Gate
+from support.cut_relay import CutRelay, Gate, read_gated
 
 from proxy.tools.fake import FakeSettings, build_app
 
@@ -27,14 +26,6 @@ pytestmark = pytest.mark.asyncio
 
 PROMPT = [{"role": "user", "content": "Say something."}]
 AFTER = 5  # content events the relay lets through before it breaks a stream
-
-
-@pytest.fixture
-async def relays() -> AsyncIterator[list[CutRelay]]:
-    started: list[CutRelay] = []
-    yield started
-    for relay in started:
-        await relay.stop()
 
 
 async def relay_to(backend: str, plan: list[str | None], relays: list[CutRelay]) -> CutRelay:
@@ -49,12 +40,7 @@ async def chat(base: str, gate: Gate | None = None, **extra: Any) -> list[dict[s
     async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=30) as client:
         fields: dict[str, Any] = {"max_tokens": 12, "stream_options": {"include_usage": True}, **extra}
         stream = await client.chat.completions.create(model="fake-model", messages=PROMPT, stream=True, **fields)
-        chunks = []
-        async for chunk in stream:
-            chunks.append(chunk.model_dump())
-            if gate is not None and chunk.choices and chunk.choices[0].delta.content:
-                gate.saw_content()
-        return chunks
+        return await read_gated(stream, gate)
 
 
 async def words_tokenizer(request: web.Request) -> web.Response:
@@ -301,11 +287,7 @@ async def test_completions_continue_the_prompt(
     async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=30) as client:
         stream = await client.completions.create(model="fake-model", prompt="Once", stream=True, max_tokens=12,
                                                  stream_options={"include_usage": True})
-        chunks = []
-        async for chunk in stream:
-            chunks.append(chunk.model_dump())
-            if relay.gate is not None and chunk.choices and chunk.choices[0].text:
-                relay.gate.saw_content()
+        chunks = await read_gated(stream, relay.gate)
     first, second = (orjson.loads(body) for body in relay.bodies)
     text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert second["prompt"].startswith("Once")
@@ -451,11 +433,7 @@ async def test_completions_with_token_ids_are_continued_token_for_token(
     async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=30) as client:
         stream = await client.completions.create(model="m", prompt="Once", stream=True, max_tokens=10,
                                                  extra_body={"return_token_ids": True})
-        chunks = []
-        async for c in stream:
-            chunks.append(c.model_dump())
-            if relay.gate is not None and c.choices and c.choices[0].text:
-                relay.gate.saw_content()
+        chunks = await read_gated(stream, relay.gate)
     # The relay cut after five texts, which took six tokens (one ended inside the "é"): six are spent.
     assert seen[1]["prompt"] == [1, 7, 8, 101, 102, 103, 104, 105, 106]
     assert seen[1]["max_tokens"] == 10 - 6

@@ -21,19 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.hostile import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 WAIT = 30.0
 MAKE = shutil.which("make")
-
-
-def free_ports(count: int) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 @contextlib.contextmanager

@@ -9,7 +9,6 @@ through the proxy is forwarded but is neither counted as model traffic nor logge
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -21,13 +20,6 @@ from proxy.observe.books import log_level
 from proxy.server.serve import DRAINING_HINT
 
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProcess]:
-    process = FakeProcess()
-    yield process
-    process.stop()
 
 
 @pytest.mark.parametrize(

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from yarl import URL
 
-__all__ = ["BREAKS", "CutRelay", "Gate"]
+__all__ = ["BREAKS", "CutRelay", "Gate", "read_gated"]
 
 BREAKS = ("close", "stall", "stray")
 _STRAY_BODY = b'{"error":{"message":"the backend is restarting","code":503}}'
@@ -63,6 +64,20 @@ class Gate:
         self.seen += 1
         if self.seen % self.every == 0:
             self.open.set()
+
+
+
+async def read_gated(stream: AsyncIterable[Any], gate: Gate | None) -> list[dict[str, Any]]:
+    """An SDK stream's events, dumped; each one with text (a chat delta's or a completion's) is told to
+    `gate`, so that a gated `close` breaks the stream only after the client has it."""
+    chunks: list[dict[str, Any]] = []
+    async for event in stream:
+        chunk = event.model_dump()
+        chunks.append(chunk)
+        texts = [(ch.get("delta") or {}).get("content") or ch.get("text") for ch in chunk["choices"]]
+        if gate is not None and any(texts):
+            gate.saw_content()
+    return chunks
 
 
 @dataclass

@@ -4,37 +4,15 @@ drives, a loop whose clock the test moves (the header deadline, the keep-alive w
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
 from typing import Any
 
-from support.fake_io import FakeTransport
+from support.fake_io import ClockLoop, FakeTransport, run, turns
 
 from proxy.exchange.client import ClientRequest
 from proxy.server.connections import ClientConnection, ConnectionRules, MainPort
 
 RULES = ConnectionRules(header_timeout=60.0, max_header_size=8192, max_connections=2, keepalive_timeout=75.0)
 GET = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
-
-
-class ClockLoop(asyncio.SelectorEventLoop):
-    def __init__(self) -> None:
-        super().__init__()
-        self.now = 1000.0
-
-    def time(self) -> float:
-        return self.now
-
-
-def run(test: Callable[[ClockLoop], Coroutine[Any, Any, None]]) -> None:
-    with asyncio.Runner(loop_factory=ClockLoop) as runner:
-        loop = runner.get_loop()
-        assert isinstance(loop, ClockLoop)
-        runner.run(test(loop))  # (bounded by pytest-timeout: the loop's clock is the test's)
-
-
-async def turns(n: int = 5) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
 
 
 class Books:
