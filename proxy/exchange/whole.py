@@ -21,7 +21,7 @@ from proxy.core.record import ExchangeRecord
 from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client_writer import ClientWriter, ResponseHead
 from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
-from proxy.exchange.reply import carry_out
+from proxy.exchange.reply import carry_out, write_error
 from proxy.exchange.upstream import UpstreamHead
 
 __all__ = ["JUDGE_PREFIX", "read_bounded", "respond_whole"]
@@ -82,7 +82,7 @@ async def respond_whole(
             if judged.replacement is not None:
                 status, body = judged.replacement
                 headers = response_headers(head.headers, body_rewritten=True)
-                out.whole_now(status, body, headers)
+                write_error(out, status, body, headers)  # the dialect's error, worded by the judge
             else:
                 # Read whole and judged good (or passed as the upstream's own error): headers and
                 # body in one go, rather than a copy in pieces.
