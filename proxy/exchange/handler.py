@@ -32,7 +32,7 @@ from proxy.exchange.reply import carry_out, settle
 from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
 from proxy.exchange.resume_io import Resuming, continuation_headers, open_continuation
 from proxy.exchange.state import ProxyState
-from proxy.exchange.stream_io import is_stream, relay_stream
+from proxy.exchange.stream import is_stream, relay_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink
 from proxy.exchange.whole import respond_whole
 from proxy.observe.request_ids import new_request_id

@@ -17,7 +17,7 @@ from support.fake_io import Exchange, chat_chunk
 
 from proxy.core.lifecycle import Reason, Reply
 from proxy.exchange.interrupts import Cause, Interrupter
-from proxy.exchange.stream_io import relay_stream
+from proxy.exchange.stream import relay_stream
 from proxy.exchange.upstream import UpstreamHead
 
 SSE_HEAD = UpstreamHead(200, "OK", CIMultiDict({"Content-Type": "text/event-stream"}), None)
