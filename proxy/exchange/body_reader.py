@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.exchange.failures import UpstreamFailure, stalled
+from proxy.exchange.errors import UpstreamFailure, stalled
 from proxy.exchange.flow import BodyBuffer
 from proxy.exchange.upstream import UpstreamLink
 

@@ -17,7 +17,7 @@ from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.guard import StreamGuard
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.body_reader import BodyReader
-from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.errors import UpstreamFailure
 from proxy.exchange.stream import count_stream, is_stream
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink, UpstreamPool
 

@@ -26,8 +26,7 @@ from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client import ClientRequest
 from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.exchange.drain import drain
-from proxy.exchange.failures import Refusal, UpstreamFailure, first_byte_timeout
-from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
+from proxy.exchange.errors import Cause, Interrupted, Interrupter, Refusal, UpstreamFailure, first_byte_timeout, told
 from proxy.exchange.reply import carry_out, settle
 from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
 from proxy.exchange.resume_io import Resuming, continuation_headers, open_continuation

@@ -22,8 +22,7 @@ from multidict import CIMultiDict
 from proxy.core.guard import StreamGuard
 from proxy.core.resume import RETRYABLE_STATUSES, Resumer
 from proxy.core.resume.rules import retry_delay
-from proxy.exchange.failures import UpstreamFailure
-from proxy.exchange.interrupts import Interrupter
+from proxy.exchange.errors import Interrupter, UpstreamFailure
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink, UpstreamPool
 
 __all__ = ["ContinuationFailed", "Resuming", "continuation_headers", "open_continuation", "with_keepalives"]

@@ -38,8 +38,7 @@ from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Answer, Close, Lifecycle, Outcome, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.client_writer import ClientGone, ClientWriter, ResponseHead
-from proxy.exchange.failures import UpstreamFailure
-from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
+from proxy.exchange.errors import Cause, Interrupted, Interrupter, UpstreamFailure, told
 from proxy.exchange.reply import carry_out, settle
 from proxy.exchange.resume_io import Resuming, with_keepalives
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from multidict import CIMultiDict
 
-from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.errors import UpstreamFailure
 
 __all__ = ["BodySink", "UpstreamHead", "UpstreamLink", "UpstreamPool"]
 

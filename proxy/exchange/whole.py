@@ -20,7 +20,7 @@ from proxy.core.lifecycle import Answer, Lifecycle, reason_for_status
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client_writer import ClientWriter, ResponseHead
-from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
+from proxy.exchange.errors import Cause, Interrupted, Interrupter, told
 from proxy.exchange.reply import carry_out, write_error
 from proxy.exchange.upstream import UpstreamHead
 

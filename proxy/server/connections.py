@@ -48,7 +48,7 @@ from proxy.core.http_head import HeadScanner, HeadTooLarge, head_refusal, reques
 from proxy.core.lifecycle import Reason
 from proxy.core.message_end import MessageEnd
 from proxy.exchange.client import ClientRequest
-from proxy.exchange.failures import Refusal
+from proxy.exchange.errors import Refusal
 from proxy.exchange.reply import refuse_connection
 from proxy.observe.books import Books
 

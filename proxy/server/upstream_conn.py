@@ -26,7 +26,7 @@ from multidict import CIMultiDict
 
 from proxy.core.headers import is_chunked
 from proxy.core.lifecycle import Reason
-from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.errors import UpstreamFailure
 from proxy.exchange.upstream import BodySink, UpstreamHead
 
 __all__ = ["MAX_HEAD_BYTES", "MAX_INTERIM", "Response", "UpstreamConnection", "encode_request"]

@@ -16,7 +16,7 @@ from multidict import CIMultiDict
 from support.fake_io import Exchange, chat_chunk
 
 from proxy.core.lifecycle import Reason, Reply
-from proxy.exchange.interrupts import Cause, Interrupter
+from proxy.exchange.errors import Cause, Interrupter
 from proxy.exchange.stream import relay_stream
 from proxy.exchange.upstream import UpstreamHead
 

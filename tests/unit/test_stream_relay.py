@@ -12,8 +12,7 @@ from multidict import CIMultiDict
 from support.fake_io import Exchange, chat_chunk
 
 from proxy.core.lifecycle import Cancellation, Reason, Reply
-from proxy.exchange.failures import UpstreamFailure
-from proxy.exchange.interrupts import Interrupter
+from proxy.exchange.errors import Interrupter, UpstreamFailure
 from proxy.exchange.stream import relay_stream
 from proxy.exchange.upstream import UpstreamHead
 

@@ -10,7 +10,7 @@ from multidict import CIMultiDict
 from support.fake_io import FakeTransport
 
 from proxy.core.lifecycle import Reason
-from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.errors import UpstreamFailure
 from proxy.server.upstream_conn import Response, UpstreamConnection, encode_request
 
 REQUEST = encode_request("POST", "/v1/chat/completions", "backend", CIMultiDict(), b"{}")
