@@ -22,7 +22,6 @@ from proxy.core.guard import Failure, StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.core.resume import RESUMABLE_APIS, Resumer
-from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client import ClientRequest
 from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.exchange.drain import drain
@@ -32,7 +31,7 @@ from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers
 from proxy.exchange.resume_io import Resuming, continuation_headers, open_continuation
 from proxy.exchange.state import ProxyState
 from proxy.exchange.stream import is_stream, relay_stream
-from proxy.exchange.upstream import UpstreamHead, UpstreamLink
+from proxy.exchange.upstream import BodyReader, UpstreamHead, UpstreamLink
 from proxy.exchange.whole import respond_whole
 from proxy.observe.request_ids import new_request_id
 

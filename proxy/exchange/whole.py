@@ -18,11 +18,10 @@ from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.headers import response_headers
 from proxy.core.lifecycle import Answer, Lifecycle, reason_for_status
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client_writer import ClientWriter, ResponseHead
 from proxy.exchange.errors import Cause, Interrupted, Interrupter, told
 from proxy.exchange.reply import carry_out, write_error
-from proxy.exchange.upstream import UpstreamHead
+from proxy.exchange.upstream import BodyReader, UpstreamHead
 
 __all__ = ["JUDGE_PREFIX", "read_bounded", "respond_whole"]
 
