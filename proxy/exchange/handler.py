@@ -89,7 +89,7 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
             ex.cause = exc.message[:_CAUSE_MAX]
             return await _tell(flight, life.refused(exc.reason), exc.message, exc.headers)
         except UpstreamFailure as exc:
-            ex.cause = exc.message[:_CAUSE_MAX]  # the client got it; the log line says it too (issue 27)
+            ex.cause = exc.message[:_CAUSE_MAX]  # the client got it; the log line says it too
             return await _tell(flight, life.upstream_failed(exc.reason), exc.message)
         except Interrupted as exc:  # shutdown, or the client's departure, inside the wait it was in
             return await _tell(flight, told(life, exc.cause), _SHUTTING_DOWN)

@@ -71,8 +71,8 @@ class Transcript:
         (validated) and the chunks that carried a token.
 
         A chunk is counted whether its text is empty or not: vLLM sends `"content": ""` for each
-        token that ends inside a multi-byte character (issue 25: 22 tokens, 17 of them such chunks,
-        had counted 5). A backend that batches several tokens per chunk without token ids or
+        token that ends inside a multi-byte character (a cut seen against vLLM: 22 tokens, 17
+        of them such chunks, counted as 5 by text). A backend that batches several tokens per chunk without token ids or
         per-chunk usage is still undercounted (see docs/resume.md).
         """
         exact = self.exact_tokens
