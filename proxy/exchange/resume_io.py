@@ -25,10 +25,8 @@ from proxy.core.guard import StreamGuard
 from proxy.core.resume import RETRYABLE_STATUSES, Resumer
 from proxy.core.resume.count import TOKENIZE_PATH
 from proxy.core.resume.rules import retry_delay
-from proxy.exchange.body_reader import BodyReader
-from proxy.exchange.failures import UpstreamFailure
-from proxy.exchange.interrupts import Interrupter
-from proxy.exchange.upstream import UpstreamHead, UpstreamLink, UpstreamPool
+from proxy.exchange.errors import Interrupter, UpstreamFailure
+from proxy.exchange.upstream import BodyReader, UpstreamHead, UpstreamLink, UpstreamPool
 
 __all__ = [
     "ContinuationFailed", "Resuming", "TokenizeFailed", "continuation_headers", "count_tokens", "open_continuation",

@@ -1,4 +1,4 @@
-"""Watching both sockets (issue 4): a client that leaves cancels the upstream in every phase.
+"""Watching both sockets: a client that leaves cancels the upstream in every phase.
 
 Each test closes the client side at a known moment and asks the fake upstream's own recorder when
 it saw the proxy close the connection. The bound here is 500 ms; the 50 ms target is a benchmark

@@ -1,4 +1,4 @@
-"""Transparent forwarding (issue 2): methods, paths, queries, headers, bodies, limits, upstream down."""
+"""Transparent forwarding: methods, paths, queries, headers, bodies, limits, upstream down."""
 
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ async def test_the_limit_ends_the_stream_with_the_failure_it_broke_with(
     line = (await proxy.settled())[-1]
     assert (line["outcome"], line["reason"], line["resumes"]) == ("error", "stream_cut", 2)
     assert line["resume_refusal"] == "the limit of 2 continuations was reached"
-    # Each continuation counted once (issue 26, item 11): both broke in turn, and none was refused.
+    # Each continuation counted once: both broke in turn, and none was refused.
     assert [resumes(proxy, "stream_cut", result) for result in ("resumed", "failed", "refused")] == [0, 2, 0]
 
 
@@ -476,7 +476,7 @@ async def test_a_backend_that_echoes_the_prefix_is_stitched_without_it(
 async def test_the_kept_body_counts_in_the_body_budget_until_the_stream_ends(
     make_proxy: ProxyFactory, serve_upstream: ServeUpstream, resume_on_cut: int
 ) -> None:
-    """Issue 26, item 2: the bytes kept for a continuation are memory the shared bound must see."""
+    """The bytes kept for a continuation are memory the shared bound must see."""
     release = asyncio.Event()
 
     async def backend(request: web.Request) -> web.StreamResponse:
@@ -508,7 +508,7 @@ async def test_the_kept_body_counts_in_the_body_budget_until_the_stream_ends(
 async def test_the_continuation_carries_the_clients_own_bytes(
     make_proxy: ProxyFactory, fake_upstream: FakeUpstream, relays: list[CutRelay]
 ) -> None:
-    """Issue 26, item 8: a 30-digit integer reached the backend as a float in the continuation."""
+    """A 30-digit integer in the client's body reaches the backend as the same integer in the continuation."""
     relay = await relay_to(fake_upstream.url, ["close"], relays)
     proxy = await make_proxy(upstream=relay.url, resume_on_cut=1)
     big = 123456789012345678901234567890
@@ -522,7 +522,7 @@ async def test_the_continuation_carries_the_clients_own_bytes(
 async def test_vllms_empty_deltas_are_counted_as_tokens(
     make_proxy: ProxyFactory, serve_upstream: ServeUpstream
 ) -> None:
-    """Issue 25 against real vLLM: 22 tokens streamed, 17 of them `"content": ""` chunks (bytes held
+    """A cut seen against real vLLM: 22 tokens streamed, 17 of them `"content": ""` chunks (bytes held
     back inside a character), for max_tokens 64: the continuation asked 59 and the client got 81."""
     seen: list[dict[str, Any]] = []
     pieces = ["\ufffdWh", *[""] * 3, " a", *[""] * 4, "y", *[""] * 7, "b", *[""] * 3, "c"]

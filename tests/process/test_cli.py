@@ -209,7 +209,7 @@ async def test_sigterm_gives_a_waiting_whole_body_request_a_503(
 
 
 async def test_image_healthcheck_follows_serve_s_admin_port_argument(served: Served) -> None:
-    """The HEALTHCHECK (`python -m proxy.healthcheck`) against a real `serve --admin-port N` (issue 14)."""
+    """The HEALTHCHECK (`python -m proxy.healthcheck`) against a real `serve --admin-port N`."""
     _, _, proc = served
     check = [PY, "-m", "proxy.healthcheck", str(proc.pid)]
     env = {**os.environ, "STREAMWARDEN_ADMIN_PORT": "1"}  # the check's own environment must not matter

@@ -1,4 +1,4 @@
-"""The numbered findings of issue 18, each reproduced on loopback against a real `streamwarden serve`.
+"""Hostile peers, each case reproduced on loopback against a real `streamwarden serve`.
 
 Raw-socket clients and raw-socket upstreams (`hostile`) do what aiohttp would refuse to: read a few
 bytes of a huge answer and leave, flood `100 Continue`, trickle a request line. A test that fails on

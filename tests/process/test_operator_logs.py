@@ -1,4 +1,4 @@
-"""Issue 21: what an operator's log shows at `--log-level warning`, and a scrape of the backend's own
+"""What an operator's log shows at `--log-level warning`, and a scrape of the backend's own
 `/metrics` through the main port, both through a real `streamwarden serve` process and the real fake.
 
 At warning, production's usual level, every failure is still there (with what the backend said) and

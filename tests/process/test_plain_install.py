@@ -1,4 +1,4 @@
-"""A plain `pip install .` into a fresh venv, as a newcomer does it (issue 14).
+"""A plain `pip install .` into a fresh venv, as a newcomer does it.
 
 Every console subcommand either works or says in one line which extra to install and exits 2. The venv
 has none of the extras, so this also shows that nothing outside `[project] dependencies` is imported by

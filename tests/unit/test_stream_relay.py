@@ -10,9 +10,8 @@ from multidict import CIMultiDict
 from support.fake_io import ClockLoop, Exchange, advance, chat_chunk, run, turns
 
 from proxy.core.lifecycle import Cancellation, Reason, Reply
-from proxy.exchange.failures import UpstreamFailure
-from proxy.exchange.interrupts import Interrupter
-from proxy.exchange.stream_io import relay_stream
+from proxy.exchange.errors import Interrupter, UpstreamFailure
+from proxy.exchange.stream import relay_stream
 from proxy.exchange.upstream import UpstreamHead
 
 SSE_HEAD = UpstreamHead(200, "OK", CIMultiDict({"Content-Type": "text/event-stream"}), None)

@@ -12,7 +12,7 @@ from multidict import CIMultiDict
 from support.fake_io import ClockLoop, FakeTransport, run, turns
 
 from proxy.core.lifecycle import Reason
-from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.errors import UpstreamFailure
 from proxy.server.upstream_conn import UpstreamConnection
 from proxy.server.upstream_pool import ConnectionPool
 

@@ -70,7 +70,7 @@ class Resumer:
         self.refusal: str | None = None  # why the last break was not continued
         self._reason: str | None = None  # the break being mended
         # The client's bytes (held for the send anyway), parsed again only when a continuation is due:
-        # a body of many small objects is ~20 times its size as Python objects (issue 26, item 2).
+        # a body of many small objects is ~20 times its size as Python objects.
         self._body = bytes(body)
         self._fields: dict[str, Any] | None = None  # the few fields a break's refusal rules read
         self._counts = False  # the tokens so far must be counted, not guessed (see `count_request`)
