@@ -36,8 +36,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy --strict proxy
 
+# Every tier but the real one in two processes (pytest-xdist; a file's tests stay in one, with its servers),
+# then the real tier alone: one llama-server and one vLLM for its session, its build made once. Exit 5 is
+# "no test selected" (the real tier left out without its binaries, or a -k that picks none of a run).
+# With PYTEST_ARGS (a path, a -k), one plain pytest run of just that.
 test: lint
+ifeq ($(strip $(PYTEST_ARGS)),)
+	$(BIN)/pytest -n 2 --dist loadfile --ignore=tests/real || [ $$? -eq 5 ]
+	$(BIN)/pytest tests/real || [ $$? -eq 5 ]
+else
 	$(BIN)/pytest $(PYTEST_ARGS)
+endif
 
 # The real tier: llama.cpp's llama-server (built once into ~/.cache/streamwarden, 7-10 min on 2 cores).
 llama-server:

@@ -15,6 +15,7 @@ from support import WAIT
 from support.hostile import free_ports
 
 PY = sys.executable
+_PORT_RACES = 3  # starts tried, each on new free ports
 
 
 @pytest.mark.parametrize(
@@ -79,22 +80,34 @@ async def serve_factory() -> AsyncIterator[Callable[..., Awaitable[Served]]]:
     procs: list[asyncio.subprocess.Process] = []
 
     async def start(*flags: str) -> Served:
-        fake_port, port, admin_port = free_ports(3)
-        fake = await asyncio.create_subprocess_exec(
-            PY, "-m", "proxy", "fake-upstream", "--port", str(fake_port), "--token-rate", "0",
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        )
-        procs.append(fake)
-        env = {**os.environ, "STREAMWARDEN_UPSTREAM": f"http://127.0.0.1:{fake_port}"}
-        proxy = await asyncio.create_subprocess_exec(
-            PY, "-m", "proxy", "serve", "--host", "127.0.0.1", "--port", str(port), "--admin-port",
-            str(admin_port), *flags, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        )
-        procs.append(proxy)
-        await _wait_listening(fake_port, fake)
-        await _wait_listening(port, proxy)
-        await _wait_listening(admin_port, proxy)
-        return port, admin_port, proxy
+        """The ports are picked free beforehand (neither program takes port 0): another program on the
+        machine may take one in between, and that start is made again on new ports."""
+        for attempt in range(1, _PORT_RACES + 1):
+            fake_port, port, admin_port = free_ports(3)
+            fake = await asyncio.create_subprocess_exec(
+                PY, "-m", "proxy", "fake-upstream", "--port", str(fake_port), "--token-rate", "0",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )
+            procs.append(fake)
+            env = {**os.environ, "STREAMWARDEN_UPSTREAM": f"http://127.0.0.1:{fake_port}"}
+            proxy = await asyncio.create_subprocess_exec(
+                PY, "-m", "proxy", "serve", "--host", "127.0.0.1", "--port", str(port), "--admin-port",
+                str(admin_port), *flags, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            )
+            procs.append(proxy)
+            try:
+                await _wait_listening(fake_port, fake)
+                await _wait_listening(port, proxy)
+                await _wait_listening(admin_port, proxy)
+            except AssertionError:  # one of them exited: its port taken, or a bug that every attempt shows
+                if attempt == _PORT_RACES:
+                    raise
+                for proc in (fake, proxy):
+                    if proc.returncode is None:
+                        proc.kill()
+                continue
+            return port, admin_port, proxy
+        raise AssertionError(f"{_PORT_RACES} starts tried")
 
     try:
         yield start

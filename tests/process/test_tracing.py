@@ -404,34 +404,19 @@ async def test_a_hanging_collector_does_not_hold_shutdown_past_the_drain_bound(
     upstream = web.Application()
     upstream.router.add_route("*", "/{tail:.*}", fake)
     upstream_url = str((await aiohttp_server(upstream)).make_url("")).rstrip("/")
-    port, admin_port = closed_port(), closed_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "serve", "--upstream", upstream_url, "--host", "127.0.0.1",
-        "--port", str(port), "--admin-port", str(admin_port), "--otlp-endpoint", collector_url,
-        "--drain-timeout", "0.5", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )
+    proc = ServeProcess(upstream_url, "--otlp-endpoint", collector_url, "--drain-timeout", "0.5")
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-            async with asyncio.timeout(30):
-                while True:
-                    try:
-                        async with http.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                             json={"model": "m", "messages": []}) as resp:
-                            assert resp.status == 200
-                            break
-                    except aiohttp.ClientConnectionError:
-                        await asyncio.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+            async with http.post(proc.url + "/v1/chat/completions", json={"model": "m", "messages": []}) as resp:
+                assert resp.status == 200
+        proc.signal(signal.SIGTERM)
         started = time.monotonic()
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert await asyncio.to_thread(proc.proc.wait, 30) == 0
         took = time.monotonic() - started
     finally:
         hang.set()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.stderr is not None
-    lines = (await proc.stderr.read()).decode().splitlines()
+        proc.stop()
+    lines = proc.stderr_text().splitlines()
     assert took < 8.0, took  # the bound (0.5 + 1 s) plus slack for a busy machine; the SDK alone takes 10 s
     for line in lines:
         orjson.loads(line)  # every line the process wrote is a structured one
