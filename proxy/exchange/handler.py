@@ -121,6 +121,8 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
             state.untrack(flight.interrupter)
             state.books.finish(ex)
             state.cancel_hooks.fire(ex, request.headers)  # --cancel-hook: after a cancelled upstream
+            flight.interrupter.forget()  # no cycle outlives the exchange: refcounting frees it, not the GC
+        request.on_departure(None)
 
 
 async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) -> None:

@@ -69,6 +69,10 @@ class Interrupter:
         if self.cause is not None:
             deadline.reschedule(asyncio.get_running_loop().time())
 
+    def forget(self) -> None:
+        """The exchange is over: what it waited on is no longer woken (nor held)."""
+        self._on_fire, self._deadline = None, None
+
     def fire(self, cause: Cause = Cause.SHUTDOWN) -> None:
         if self.cause is not None:
             return
