@@ -25,6 +25,7 @@ from proxy.core.resume import RESUMABLE_APIS, Resumer
 from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client import ClientRequest
 from proxy.exchange.client_writer import ClientStalled, ClientWriter
+from proxy.exchange.deadline import Deadline
 from proxy.exchange.drain import drain
 from proxy.exchange.failures import Refusal, UpstreamFailure, first_byte_timeout
 from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
@@ -141,7 +142,7 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     data = body if body or request.method not in _NO_BODY_METHODS else None
     life.sent()
     try:
-        async with asyncio.timeout(cfg.first_byte_timeout) as deadline:
+        async with Deadline(state.loop, cfg.first_byte_timeout) as deadline:
             flight.interrupter.watch_deadline(deadline)
             sending = state.upstream.request(request.method, target, headers, data)
             if life.drain_on_abandon:  # the request must outlive this handler if its client leaves

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from enum import StrEnum
 
 from proxy.core.lifecycle import Answer, Lifecycle
+from proxy.exchange.deadline import Movable
 
 __all__ = ["Cause", "Interrupted", "Interrupter", "told"]
 
@@ -46,7 +47,7 @@ class Interrupter:
     def __init__(self) -> None:
         self.cause: Cause | None = None
         self._on_fire: Callable[[Cause], None] | None = None
-        self._deadline: asyncio.Timeout | None = None
+        self._deadline: Movable | None = None
 
     @property
     def fired(self) -> bool:
@@ -62,7 +63,7 @@ class Interrupter:
         if self.cause is not None:
             on_fire(self.cause)
 
-    def watch_deadline(self, deadline: asyncio.Timeout) -> None:
+    def watch_deadline(self, deadline: Movable) -> None:
         """The exchange waits under `deadline` (for the upstream's headers); firing moves it to now,
         and the wait's TimeoutError is then read as `Interrupted` (see `fired`)."""
         self._on_fire, self._deadline = None, deadline

@@ -110,7 +110,7 @@ class Server:
         self.state.session = open_upstream_session(cfg)
         self.state.pool = open_upstream_pool(self.state)
         self.main_server = build_main_server(self.state, self.max_connections)
-        loop = asyncio.get_running_loop()
+        loop = self.state.loop = asyncio.get_running_loop()
         try:
             try:
                 self._main = await loop.create_server(
