@@ -115,6 +115,8 @@ class ClientConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._head: HeadScanner | None = HeadScanner(port.rules.max_header_size)
         self._timer: asyncio.TimerHandle | None = None  # the header deadline, or the keep-alive one
+        self._due: Callable[[], None] | None = None  # what the deadline calls (None: no deadline)
+        self._due_at = 0.0
         self._counted = False
         self._url = b""
         self._headers: list[tuple[str, str]] = []
@@ -195,6 +197,9 @@ class ClientConnection(asyncio.Protocol):
             self._port.open_connections -= 1
             self._port.connections.discard(self)
         self._disarm()
+        if self._timer is not None:  # (the lazy timer holds this connection: let go of it now)
+            self._timer.cancel()
+            self._timer = None
         for request in (self._current, self._parsing, *self._queue):
             if request is not None and request not in self._complete:
                 request.content.set_exception(ConnectionResetError("the client closed the connection"))
@@ -221,7 +226,7 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         head = self._head
         if head is not None and data and not self._lingering:
-            if self._timer is None or self._timer_is_keepalive:
+            if self._due is None or self._timer_is_keepalive:
                 self._arm(self._rules.header_timeout, self._head_timed_out)  # a next request's first byte
             try:
                 complete = head.feed(data)
@@ -347,7 +352,7 @@ class ClientConnection(asyncio.Protocol):
         )
         self._cutter.framed(request.content_length, "Transfer-Encoding" in request.headers)
         self._head = None
-        if self._timer is not None and not self._timer_is_keepalive:
+        if self._due is not None and not self._timer_is_keepalive:
             self._disarm()
         if (refusal := head_refusal(method, version, raw, self._headers)) is not None:
             self._refuse_head(request, refusal)
@@ -462,23 +467,36 @@ class ClientConnection(asyncio.Protocol):
     _timer_is_keepalive = False
 
     def _arm(self, seconds: float, callback: Callable[[], None], *, keepalive: bool = False) -> None:
-        self._disarm()
-        self._timer = self._loop.call_later(seconds, callback)
-        self._timer_is_keepalive = keepalive
+        """Call `callback` in `seconds` unless disarmed or re-armed first. The loop's timer is lazy:
+        one is left running and, when it comes early (the deadline moved on), set again for the rest,
+        so a keep-alive connection's requests move a number instead of making and cancelling timers."""
+        loop = self._loop
+        self._due, self._due_at, self._timer_is_keepalive = callback, loop.time() + seconds, keepalive
+        if self._timer is None or self._timer.when() > self._due_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(self._due_at, self._tick)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._due = None
         self._timer_is_keepalive = False
 
-    def _idle_timed_out(self) -> None:
+    def _tick(self) -> None:
         self._timer = None
+        due = self._due
+        if due is None or self._closed:
+            return
+        if self._loop.time() < self._due_at:
+            self._timer = self._loop.call_at(self._due_at, self._tick)
+            return
+        self._due = None
+        due()
+
+    def _idle_timed_out(self) -> None:
         if self._current is None and self._parsing is None and self.transport is not None:
             self.transport.close()  # nothing was asked: close quietly, as nginx does
 
     def _head_timed_out(self) -> None:
-        self._timer = None
         head = self._head
         if head is None or self._current is not None:
             return
