@@ -159,13 +159,15 @@ class Logger:
         self._lines.release()
 
     def line(self, level: str, event: str, fields: dict[str, Any]) -> None:
-        """`getattr(logger, level)(event, **fields)`, the JSON line rendered without the chain."""
+        """`getattr(logger, level)(event, **fields)`, the JSON line rendered without the chain.
+
+        `fields` becomes the line itself (not copied): the caller hands over a dict it made for it."""
         if _LEVELS[level] < self._lowest:
             return
         if not self._json:
             getattr(self._bound, level)(event, **fields)
             return
-        out = {**self._context, **fields} if self._context else fields.copy()
+        out = {**self._context, **fields} if self._context else fields
         for key, value in out.items():  # (clean_text's own fast test, inlined: most values pass it)
             if (type(value) is str and not (len(value) <= MAX_LOGGED_STRING and value.isascii() and value.isprintable())
                     and key not in _RAW_KEYS):
