@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="content events per second (default 20; 0: no delay)")
     fake.add_argument("--quirk", metavar="NAME", action="append",
                       help="a backend quirk shown on every request, one at a time (listed below)")
+    fake.add_argument("--no-tokenize", action="store_true",
+                      help="no POST /tokenize (a backend without a tokenizer: --resume-on-cut then refuses "
+                           "where a stream does not count its tokens)")
     fake.add_argument("--fast", action="store_true",
                       help="the raw-asyncio chat backend of `bench` (pace from the model name: fast-20ms)")
     demo = sub.add_parser("demo", help="fake upstream + proxy + a guided tour, then exit")
@@ -115,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from proxy.tools.fake import FakeSettings, run
 
             try:
-                settings = FakeSettings(token_rate=args.token_rate, quirk=quirk)
+                settings = FakeSettings(token_rate=args.token_rate, quirk=quirk, tokenize=not args.no_tokenize)
             except ValueError as exc:
                 _subparser(parser, "fake-upstream").error(str(exc))
             run(args.host, args.port, settings)

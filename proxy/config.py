@@ -43,7 +43,7 @@ __all__ = [
     "serve_parser",
 ]
 
-# --- --cancel-hook values: parsed here, fired by proxy.exchange.cancel_hooks.
+# --- --cancel-hook values: parsed here, fired by proxy.exchange.hooks.
 CONVERSATION_HEADER = "X-Conversation-Id"
 HOOK_ID_MAX = 200  # the bound a client's X-Request-Id has: a longer id is not sent (60 KB URLs)
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")

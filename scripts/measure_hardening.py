@@ -1,4 +1,5 @@
-"""Issue 22's eight findings, each measured as one number, against any checkout of the proxy.
+"""Eight hardening cases (hostile ids, bounded spans and connections, stale metrics, ...), each
+measured as one number, against any checkout of the proxy.
 
     python scripts/measure_hardening.py [TREE] [--only 1,5]
 
@@ -106,7 +107,7 @@ class Serve:
 
     def __init__(self, tree: Path, upstream: str, *flags: str, env: dict[str, str] | None = None) -> None:
         self.port, self.admin_port = free_port(), free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="issue22-", suffix=".log", delete=False)  # noqa: SIM115
+        self.log = tempfile.NamedTemporaryFile(prefix="hardening-", suffix=".log", delete=False)  # noqa: SIM115
         base = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMWARDEN_", "PROMETHEUS_", "OTEL_"))}
         self.proc = subprocess.Popen(
             [PY, "-m", "proxy", "serve", "--upstream", upstream, "--host", "127.0.0.1", "--port", str(self.port),

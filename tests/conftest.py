@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from support import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream
+from support.cut_relay import CutRelay
 
 from proxy.config import Config
 from proxy.observe.logs import make_logger
@@ -76,3 +77,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
+@pytest.fixture
+async def relays() -> AsyncIterator[list[CutRelay]]:
+    """The cut relays a test starts (it appends them), stopped after it: the loopback and real resume tiers."""
+    started: list[CutRelay] = []
+    yield started
+    for relay in started:
+        await relay.stop()

@@ -18,7 +18,7 @@ from proxy.core.dialects import Dialect, RequestInfo, Usage
 from proxy.core.dialects.base import reported, usage_from
 from proxy.core.dialects.chat import ABORT_REASON, ABORTED
 from proxy.core.dialects.errors import ErrorCode, cut, describe_error, error_message, is_error_object, text_message
-from proxy.core.lifecycle import Outcome, Reason, status_for
+from proxy.core.lifecycle import Outcome, Reason, reason_for_status, status_for
 
 __all__ = ["TAIL_BYTES", "BodyVerdict", "judge_body", "usage_from_tail"]
 
@@ -60,7 +60,7 @@ def judge_body(
         if dialect.json_body and 200 <= status < 300 and status not in (204, 205):  # those have no body
             return _judge_success(dialect, request, content_type, body)
         return BodyVerdict(Outcome.OK, Reason.COMPLETE, None, None)
-    reason = Reason.UPSTREAM_5XX if status >= 500 else Reason.UPSTREAM_4XX
+    reason = reason_for_status(status)
     if not dialect.json_body:
         return BodyVerdict(Outcome.ERROR, reason, None, None)
     replacement, message = _reshape_error(dialect, status, content_type, body, reason)

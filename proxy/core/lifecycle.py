@@ -21,7 +21,16 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from proxy.core.verdicts import HOOKED_CANCELLATIONS, REASONS, Cancellation, Outcome, Phase, Reason, status_for
+from proxy.core.verdicts import (
+    HOOKED_CANCELLATIONS,
+    REASONS,
+    Cancellation,
+    Outcome,
+    Phase,
+    Reason,
+    reason_for_status,
+    status_for,
+)
 
 if TYPE_CHECKING:
     from proxy.core.record import ExchangeRecord
@@ -38,6 +47,7 @@ __all__ = [
     "Phase",
     "Reason",
     "Reply",
+    "reason_for_status",
     "status_for",
     "transition_rows",
 ]

@@ -1,12 +1,14 @@
-"""The verdict's vocabulary: an exchange's phases, outcomes, reasons and cancellations, and the status
-the proxy answers each reason with. A leaf, so that the record and the lifecycle both read it."""
+"""The verdict's vocabulary: an exchange's phases, outcomes, reasons and cancellations, the status the
+proxy answers each reason with, and the reason an upstream's own status is. A leaf, so that the record
+and the lifecycle both read it."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 from types import MappingProxyType
 
-__all__ = ["HOOKED_CANCELLATIONS", "REASONS", "Cancellation", "Outcome", "Phase", "Reason", "status_for"]
+__all__ = ["HOOKED_CANCELLATIONS", "REASONS", "Cancellation", "Outcome", "Phase", "Reason", "reason_for_status",
+           "status_for"]
 
 
 class Phase(StrEnum):
@@ -104,3 +106,12 @@ HOOKED_CANCELLATIONS = frozenset({
 def status_for(reason: Reason) -> int:
     """The HTTP status of a verdict the proxy answers itself (docs/failures.md)."""
     return REASONS[reason][1] or 502
+
+
+def reason_for_status(status: int) -> Reason:
+    """The verdict on a response the upstream ended with its own status (its body judged no further)."""
+    if status >= 500:
+        return Reason.UPSTREAM_5XX
+    if status >= 400:
+        return Reason.UPSTREAM_4XX
+    return Reason.COMPLETE

@@ -198,25 +198,6 @@ class ClientWriter:
             self._send(b"0\r\n\r\n")
         await self.drained()
 
-    async def whole(
-        self,
-        status: int,
-        body: bytes,
-        headers: Mapping[str, str],
-        *,
-        reason: str | None = None,
-        content_type: str | None = "application/json",
-        close: bool = False,
-    ) -> ResponseHead:
-        """A whole response (nothing was committed before it), written to its end.
-
-        The proxy's own error JSON, or an upstream body read whole (`content_type=None`: its own
-        headers say what it is). `close`: the connection closes after it.
-        """
-        head = self.whole_now(status, body, headers, reason=reason, content_type=content_type, close=close)
-        await self.drained()
-        return head
-
     def whole_now(
         self,
         status: int,
@@ -227,8 +208,10 @@ class ClientWriter:
         content_type: str | None = "application/json",
         close: bool = False,
     ) -> ResponseHead:
-        """`whole`, handed to the transport without waiting for the client to take it in (a
-        connection-level refusal, written from the protocol's callbacks just before the close)."""
+        """A whole response (nothing was committed before it), handed to the transport without waiting
+        for the client to take it in (`drained` waits). The proxy's own error JSON (`reply.write_error`),
+        or an upstream body read whole (`content_type=None`: its own headers say what it is). `close`:
+        the connection closes after it."""
         if content_type is not None:
             headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
             headers["Content-Type"] = content_type

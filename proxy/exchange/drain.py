@@ -16,10 +16,9 @@ from proxy.core.body import judge_body
 from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.guard import StreamGuard
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.body_reader import BodyReader
-from proxy.exchange.failures import UpstreamFailure
-from proxy.exchange.stream_io import count_stream, is_stream
-from proxy.exchange.upstream import UpstreamHead, UpstreamLink, UpstreamPool
+from proxy.exchange.errors import UpstreamFailure
+from proxy.exchange.stream import count_stream, is_stream
+from proxy.exchange.upstream import BodyReader, UpstreamHead, UpstreamLink, UpstreamPool
 
 __all__ = ["drain"]
 

@@ -18,23 +18,21 @@ from multidict import CIMultiDict
 
 from proxy.config import Config
 from proxy.core.dialects import Dialect, RequestInfo, for_request, inspect_request
-from proxy.core.guard import StreamGuard
+from proxy.core.guard import Failure, StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
 from proxy.core.resume import RESUMABLE_APIS, Resumer
-from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client import ClientRequest
 from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.exchange.deadline import Deadline
 from proxy.exchange.drain import drain
-from proxy.exchange.failures import Refusal, UpstreamFailure, first_byte_timeout
-from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
+from proxy.exchange.errors import Cause, Interrupted, Interrupter, Refusal, UpstreamFailure, first_byte_timeout, told
 from proxy.exchange.reply import carry_out, settle
 from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
-from proxy.exchange.resume_io import Resuming, continuation_headers, open_continuation
+from proxy.exchange.resume_io import Resuming, continuation_headers, count_tokens, open_continuation
 from proxy.exchange.state import ProxyState
-from proxy.exchange.stream_io import is_stream, relay_stream
-from proxy.exchange.upstream import UpstreamHead, UpstreamLink
+from proxy.exchange.stream import is_stream, relay_stream
+from proxy.exchange.upstream import BodyReader, UpstreamHead, UpstreamLink
 from proxy.exchange.whole import respond_whole
 from proxy.observe.request_ids import new_request_id
 
@@ -92,7 +90,7 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
             ex.cause = exc.message[:_CAUSE_MAX]
             return await _tell(flight, life.refused(exc.reason), exc.message, exc.headers)
         except UpstreamFailure as exc:
-            ex.cause = exc.message[:_CAUSE_MAX]  # the client got it; the log line says it too (issue 27)
+            ex.cause = exc.message[:_CAUSE_MAX]  # the client got it; the log line says it too
             return await _tell(flight, life.upstream_failed(exc.reason), exc.message)
         except Interrupted as exc:  # shutdown, or the client's departure, inside the wait it was in
             return await _tell(flight, told(life, exc.cause), _SHUTTING_DOWN)
@@ -206,27 +204,42 @@ def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str,
     cfg, pool = state.config, state.upstream
     sent = continuation_headers(headers)
 
-    async def reopen(body: bytes) -> UpstreamLink:
+    def drop_broken() -> None:
         if flight.link is not None:  # the broken response: its connection is never reused
             pool.close_link(flight.link)
             flight.link = None
+
+    async def reopen(body: bytes) -> UpstreamLink:
+        drop_broken()
         link, head = await open_continuation(
             pool, target, sent, body, first_byte_timeout=cfg.first_byte_timeout, interrupter=flight.interrupter
         )
         flight.link, flight.head = link, head
         return link
 
-    return Resuming(resumer, reopen, flight.interrupter, cfg.first_byte_timeout)
+    async def tokenize(body: bytes, limit: int) -> tuple[int, bytes]:
+        drop_broken()  # (the backend stops generating for it meanwhile)
+        return await count_tokens(
+            pool, sent, body, limit, within=cfg.first_byte_timeout, interrupter=flight.interrupter
+        )
+
+    return Resuming(resumer, reopen, tokenize, flight.interrupter, cfg.first_byte_timeout)
 
 
-async def _tell(flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None) -> None:
-    """Carry out an ending's answer (`proxy.exchange.reply`) and let the client take it in."""
+async def _tell(
+    flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None,
+    failure: Failure | None = None,
+) -> None:
+    """Carry out an ending's answer (`proxy.exchange.reply`) and let the client take it in; a STATUS
+    is worded by `message` or, when the guard worded it, by its `failure`."""
     out = flight.out
     frame = b""
     if answer is not None and answer.reply is Reply.FRAME and flight.guard is not None:
         frame = flight.guard.fail(answer.reason).data
     try:
-        go_on = carry_out(out, answer, dialect=flight.dialect, message=message, headers=headers, frame=frame)
+        go_on = carry_out(
+            out, answer, dialect=flight.dialect, message=message, headers=headers, frame=frame, failure=failure
+        )
     except ConnectionError:  # the verdict stands; the client simply did not take it
         out.cut()
         return
@@ -237,19 +250,15 @@ async def _tell(flight: _Flight, answer: Answer | None, message: str, headers: d
 
 async def _tell_bug(flight: _Flight, answer: Answer | None) -> None:
     """A bug of ours: a 500 in the dialect's shape, an error frame in a stream, else a cut; never a traceback."""
-    guard = flight.guard
+    guard, failure = flight.guard, None
     if guard is not None and answer is not None and answer.reply is Reply.STATUS:
         try:
-            step = guard.fail(Reason.PROXY_ERROR)  # the dialect's own error, as the guard words it
+            failure = guard.fail(Reason.PROXY_ERROR).failure  # the dialect's own error, as the guard words it
         except Exception:  # the guard itself is what broke
             flight.out.cut()
             return
-        if step.failure is not None:
-            failure = step.failure
-            await flight.out.whole(failure.status, failure.body, failure.headers)
-            return
     try:
-        await _tell(flight, answer, "the proxy failed to handle the request")
+        await _tell(flight, answer, "the proxy failed to handle the request", failure=failure)
     except Exception:  # the guard itself is what broke
         flight.out.cut()
 

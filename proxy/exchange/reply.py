@@ -6,6 +6,8 @@ The lifecycle (proxy/core/lifecycle.py) decides; this module does what its `Repl
   and then its socket is dropped (`Close.NOW`).
 - `STATUS`: a whole error response in the dialect's shape (nothing was committed), with the status
   the answer names; the exchange's `X-Request-Id` comes from the writer, like on every response.
+  `write_error` writes it, and every error the proxy words goes out through it: a verdict's status,
+  the stream guard's failure, a bug's 500, a connection's refusal, a whole body the judge replaced.
 - `FRAME`: the stream's error frame, the bytes the stream guard made of the failure, then the
   body's end.
 - `CUT`: the connection is dropped without another byte: a committed plain body cannot carry a
@@ -38,7 +40,7 @@ from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.observe.books import Books
 from proxy.observe.request_ids import new_request_id
 
-__all__ = ["carry_out", "refuse_connection", "settle"]
+__all__ = ["carry_out", "refuse_connection", "settle", "write_error"]
 
 _OTHER = DIALECTS["other"]
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
@@ -75,11 +77,20 @@ def carry_out(
         return True
     close = answer.close is not Close.KEEP
     if failure is not None:
-        out.whole_now(failure.status, failure.body, {**failure.headers, **(headers or {})}, close=close)
+        write_error(out, failure.status, failure.body, {**failure.headers, **(headers or {})}, close=close)
         return True
     body = dialect.error_body(answer.status, message, answer.reason)
-    out.whole_now(answer.status, body, headers or {}, close=close)
+    write_error(out, answer.status, body, headers or {}, close=close)
     return True
+
+
+def write_error(
+    out: ClientWriter, status: int, body: bytes, headers: Mapping[str, str], *, close: bool = False
+) -> None:
+    """The proxy's own error response (nothing was committed): `status`, the dialect's error JSON,
+    `headers` besides the writer's own, and `Connection: close` when the connection closes after it.
+    Handed to the transport at once; the waiting for the client to take it is `settle`'s."""
+    out.whole_now(status, body, headers, close=close)
 
 
 async def settle(out: ClientWriter, answer: Answer) -> None:

@@ -20,7 +20,7 @@ from proxy.core.record import ExchangeRecord
 from proxy.core.target import BadTarget, forwarded_target
 from proxy.exchange.body_budget import BodyBudget
 from proxy.exchange.client import ClientRequest
-from proxy.exchange.failures import Refusal
+from proxy.exchange.errors import Refusal
 from proxy.exchange.state import ProxyState
 
 __all__ = ["INFLATE_LIMIT", "read_body", "upstream_headers", "upstream_target"]

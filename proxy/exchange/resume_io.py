@@ -5,7 +5,9 @@ stream would end with an error, and a yes comes here as a step with `resume`. `R
 waits what a stray block's `Retry-After` asked (shutdown ends the wait), sends the continuation on
 the same upstream with the client's headers, and returns the new response once it answers with a
 stream; a continuation answered with a retryable status is tried again while the budget lasts; any
-other answer, or none, returns None, and the stream ends as it would have without the flag.
+other answer, or none, returns None, and the stream ends as it would have without the flag. Where
+the core cannot count the tokens so far from the stream, the backend's `/tokenize` is asked first
+(`count_tokens`: bounded in time and size); no count, no continuation.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from multidict import CIMultiDict
 
 from proxy.core.guard import StreamGuard
 from proxy.core.resume import RETRYABLE_STATUSES, Resumer
+from proxy.core.resume.count import TOKENIZE_PATH
 from proxy.core.resume.rules import retry_delay
-from proxy.exchange.failures import UpstreamFailure
-from proxy.exchange.interrupts import Interrupter
-from proxy.exchange.upstream import UpstreamHead, UpstreamLink, UpstreamPool
+from proxy.exchange.errors import Interrupter, UpstreamFailure
+from proxy.exchange.upstream import BodyReader, UpstreamHead, UpstreamLink, UpstreamPool
 
-__all__ = ["ContinuationFailed", "Resuming", "continuation_headers", "open_continuation", "with_keepalives"]
+__all__ = [
+    "ContinuationFailed", "Resuming", "TokenizeFailed", "continuation_headers", "count_tokens", "open_continuation",
+    "with_keepalives",
+]
 
 T = TypeVar("T")
 
@@ -37,6 +42,45 @@ class ContinuationFailed(Exception):
     def __init__(self, message: str, status: int = 502, retry_after: str | None = None) -> None:
         super().__init__(message)
         self.status, self.retry_after = status, retry_after
+
+
+class TokenizeFailed(Exception):
+    """`/tokenize` gave no answer to read: none in time, a broken one, or one past its size limit."""
+
+
+async def count_tokens(
+    pool: UpstreamPool, headers: CIMultiDict[str], body: bytes, limit: int, *, within: float,
+    interrupter: Interrupter,
+) -> tuple[int, bytes]:
+    """POST `body` to the upstream's `/tokenize`: its status and body (at most `limit` bytes), all
+    within `within` seconds; TokenizeFailed otherwise. What the answer means is the core's."""
+    link: UpstreamLink | None = None
+    try:
+        async with asyncio.timeout(within) as deadline:
+            interrupter.watch_deadline(deadline)
+            link, head = await pool.request("POST", TOKENIZE_PATH, headers, body)
+            if head.content_length is not None and head.content_length > limit:
+                raise TokenizeFailed(f"/tokenize answered {head.content_length} bytes, past {limit}")
+            reader = BodyReader(link)
+            parts, size = [], 0
+            while data := await reader.read(within):
+                size += len(data)
+                if size > limit:
+                    raise TokenizeFailed(f"/tokenize answered more than {limit} bytes")
+                parts.append(data)
+    except TimeoutError as exc:
+        if interrupter.fired:
+            raise interrupter.error() from exc
+        raise TokenizeFailed(f"/tokenize did not answer within {within:g} s") from None
+    except UpstreamFailure as exc:
+        raise TokenizeFailed(f"/tokenize: {exc.message}") from exc
+    finally:
+        if link is not None:
+            if link.complete:
+                pool.release(link)
+            else:
+                pool.close_link(link)
+    return head.status, b"".join(parts)
 
 
 def continuation_headers(headers: CIMultiDict[str]) -> CIMultiDict[str]:
@@ -95,6 +139,7 @@ class Resuming:
 
     resumer: Resumer
     reopen: Callable[[bytes], Awaitable[UpstreamLink]]  # send a body, get a stream's link (or raise)
+    tokenize: Callable[[bytes, int], Awaitable[tuple[int, bytes]]]  # `count_tokens` on this upstream
     interrupter: Interrupter
     first_byte_timeout: float  # the longest Retry-After honoured
 
@@ -112,6 +157,8 @@ class Resuming:
                 return None
             if delay > 0:
                 await self._wait(delay)
+            if not await self._count():
+                return None
             try:
                 upstream = await self.reopen(resumer.body())
             except ContinuationFailed as exc:
@@ -122,6 +169,18 @@ class Resuming:
                 continue
             guard.resume(resumer.started().rewrite)
             return upstream
+
+    async def _count(self) -> bool:
+        """Where the core asks for it, the tokens so far counted by the backend's tokenizer first."""
+        need = self.resumer.count_request()
+        if need is None:
+            return True
+        try:
+            status, answer = await self.tokenize(*need)
+        except TokenizeFailed as exc:
+            self.resumer.uncounted(f"no tokenizer to count the answer so far: {exc}")
+            return False
+        return self.resumer.counted(status, answer)
 
     async def _wait(self, delay: float) -> None:
         """Sleep `delay` seconds; shutdown (the interrupter) ends the wait with Interrupted."""

@@ -11,10 +11,9 @@ import aiohttp
 
 from proxy.config import Config
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.background import Background
 from proxy.exchange.body_budget import BodyBudget
-from proxy.exchange.cancel_hooks import CancelHooks
-from proxy.exchange.interrupts import Interrupter
+from proxy.exchange.errors import Interrupter
+from proxy.exchange.hooks import Background, CancelHooks
 from proxy.exchange.upstream import UpstreamPool
 from proxy.observe.books import Books
 from proxy.observe.metrics import Metrics

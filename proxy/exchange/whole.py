@@ -16,15 +16,14 @@ from __future__ import annotations
 from proxy.core.body import TAIL_BYTES, judge_body, usage_from_tail
 from proxy.core.dialects import Dialect, RequestInfo
 from proxy.core.headers import response_headers
-from proxy.core.lifecycle import Answer, Lifecycle, Reason
+from proxy.core.lifecycle import Answer, Lifecycle, reason_for_status
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.body_reader import BodyReader
 from proxy.exchange.client_writer import ClientWriter, ResponseHead
-from proxy.exchange.interrupts import Cause, Interrupted, Interrupter, told
-from proxy.exchange.reply import carry_out
-from proxy.exchange.upstream import UpstreamHead
+from proxy.exchange.errors import Cause, Interrupted, Interrupter, told
+from proxy.exchange.reply import carry_out, write_error
+from proxy.exchange.upstream import BodyReader, UpstreamHead
 
-__all__ = ["JUDGE_PREFIX", "plain_verdict", "read_bounded", "respond_whole"]
+__all__ = ["JUDGE_PREFIX", "read_bounded", "respond_whole"]
 
 JUDGE_PREFIX = 4 * 1024 * 1024  # nginx relays a body through 4 MiB of buffers at most
 
@@ -50,14 +49,6 @@ async def read_bounded(reader: BodyReader, limit: int, idle: float) -> tuple[byt
     return b"".join(pieces), False
 
 
-def plain_verdict(status: int) -> Reason:
-    if status >= 500:
-        return Reason.UPSTREAM_5XX
-    if status >= 400:
-        return Reason.UPSTREAM_4XX
-    return Reason.COMPLETE
-
-
 async def respond_whole(
     reader: BodyReader,
     head: UpstreamHead,
@@ -74,7 +65,7 @@ async def respond_whole(
     """Relay (or judge, then answer) a whole body; the lifecycle's answer to its end for the handler."""
     interrupter.watch(lambda cause: reader.interrupt(Interrupted(cause)))
     prefix = b""
-    verdict = plain_verdict(head.status)
+    verdict = reason_for_status(head.status)
     checked = _judged(ex.method, head, dialect)
     if checked:
         # A batch's choices can only be counted whole (bounded by --max-body-size); everything else
@@ -90,7 +81,7 @@ async def respond_whole(
             if judged.replacement is not None:
                 status, body = judged.replacement
                 headers = response_headers(head.headers, body_rewritten=True)
-                out.whole_now(status, body, headers)
+                write_error(out, status, body, headers)  # the dialect's error, worded by the judge
             else:
                 # Read whole and judged good (or passed as the upstream's own error): headers and
                 # body in one go, rather than a copy in pieces.

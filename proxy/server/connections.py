@@ -37,7 +37,8 @@ import contextlib
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from enum import IntEnum
+from typing import Any, Final
 from urllib.parse import unquote
 
 import httptools
@@ -47,11 +48,11 @@ from proxy.core.http_head import HeadScanner, HeadTooLarge, head_refusal, reques
 from proxy.core.lifecycle import Reason
 from proxy.core.message_end import MessageEnd
 from proxy.exchange.client import ClientRequest
-from proxy.exchange.failures import Refusal
+from proxy.exchange.errors import Refusal
 from proxy.exchange.reply import refuse_connection
 from proxy.observe.books import Books
 
-__all__ = ["LINGERING_SECONDS", "MAX_PARSED_AHEAD", "ClientConnection", "ConnectionRules", "MainPort"]
+__all__ = ["LINGERING_SECONDS", "MAX_PARSED_AHEAD", "ClientConnection", "ConnectionRules", "MainPort", "State"]
 
 LINGERING_SECONDS = 5.0  # reading and discarding an unread request body before the close (nginx: 5 s)
 MAX_PARSED_AHEAD = 1  # pipelined requests parsed and waiting behind the one in progress
@@ -60,6 +61,33 @@ _BAD_BODY = "the request body's chunked framing is not valid HTTP/1.1"
 # mark, the parse-ahead bound, or the end of parsing (a refusal, garbage, an upgrade: then the close).
 _BODY, _PIPELINE, _STOP = "body", "pipeline", "stop"
 _Handler = Callable[[ClientRequest], Coroutine[Any, Any, object]]
+
+
+class State(IntEnum):
+    """Where a client connection stands; every move is in `_NEXT`.
+
+    OPEN: requests are read and answered, under the header deadline while a head arrives. IDLE: the
+    keep-alive wait (no byte of a next request yet), under the keep-alive deadline. CLOSING: the close
+    is decided (a refusal, an upgrade, garbage behind a request, `close_now`): the request in progress is
+    answered, then the close, and nothing more is parsed. LINGERING: the answer went out before the
+    request body was read: the rest is read and discarded, for at most LINGERING_SECONDS, then the
+    close. CLOSED: the transport is lost (final).
+    """
+
+    OPEN = 0
+    IDLE = 1
+    CLOSING = 2
+    LINGERING = 3
+    CLOSED = 4
+
+
+_NEXT: Final[dict[State, frozenset[State]]] = {
+    State.OPEN: frozenset({State.IDLE, State.CLOSING, State.LINGERING, State.CLOSED}),
+    State.IDLE: frozenset({State.OPEN, State.CLOSING, State.CLOSED}),
+    State.CLOSING: frozenset({State.LINGERING, State.CLOSED}),
+    State.LINGERING: frozenset({State.CLOSING, State.CLOSED}),
+    State.CLOSED: frozenset(),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +135,12 @@ class MainPort:
 class ClientConnection(asyncio.Protocol):
     """One client connection (a `ClientChannel` for its exchanges)."""
 
+    __slots__ = ("_blocks", "_complete", "_counted", "_current", "_cutter", "_drain_waiter", "_head",
+                 "_head_bytes", "_headers", "_loop", "_parser", "_parsing", "_peer", "_port", "_queue",
+                 "_reading", "_refusals", "_release_due", "_rules", "_task", "_timer", "_too_large",
+                 "_unparsed", "_url", "flow_hooks", "peak_parsed_ahead", "state", "transport",
+                 "writing_paused")  # fmt: skip
+
     def __init__(self, port: MainPort) -> None:
         self._port = port
         self._rules = port.rules
@@ -114,10 +148,9 @@ class ClientConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._head: HeadScanner | None = HeadScanner(port.rules.max_header_size)
-        self._timer: asyncio.TimerHandle | None = None  # the header deadline, or the keep-alive one
-        self._due: Callable[[], None] | None = None  # what the deadline calls (None: no deadline)
-        self._due_at = 0.0
-        self._counted = False
+        self.state = State.OPEN
+        self._timer: asyncio.TimerHandle | None = None  # the state's deadline (header, keep-alive, lingering)
+        self._counted = False  # in the port's count: from the accept (unless refused at the limit) to the loss
         self._url = b""
         self._headers: list[tuple[str, str]] = []
         self._parsing: ClientRequest | None = None  # the request whose head or body is arriving
@@ -125,16 +158,16 @@ class ClientConnection(asyncio.Protocol):
         self._current: ClientRequest | None = None
         self._task: asyncio.Task[None] | None = None
         self._complete: set[ClientRequest] = set()  # requests whose body was received to its end
-        self._close_after = False  # close once the current exchange is answered
-        self._lingering = False
-        self._closed = False
         self._peer: str | None = None
+        # Flow control, apart from the state (a connection in any state may be paused either way):
+        # writing paused by the transport; reading paused while `_blocks` holds a reason (`_reading`
+        # mirrors the transport, `_release_due` says a resume is already scheduled).
         self.writing_paused = False
         self.flow_hooks: tuple[Callable[[], None], Callable[[], None]] | None = None  # a stream relay's
         self._drain_waiter: asyncio.Future[None] | None = None
         self._reading = True
         self._head_bytes = 0
-        self._too_large = False
+        self._too_large = False  # the head llhttp is parsing passed the bound: its refusal is a 431
         self._cutter = MessageEnd()
         self._unparsed = b""  # read but not fed to llhttp: held while reading is paused
         self._blocks: set[str] = set()
@@ -145,16 +178,15 @@ class ClientConnection(asyncio.Protocol):
     # ---- ClientChannel ------------------------------------------------------------------------------
 
     async def drain(self) -> None:
-        if not self.writing_paused or self._closed:
-            if self._closed:
+        if not self.writing_paused or self.state is State.CLOSED:
+            if self.state is State.CLOSED:
                 raise ConnectionResetError("the client closed the connection")
             return
         waiter = self._drain_waiter = self._loop.create_future()
         await waiter
 
     def close_now(self) -> None:
-        self._close_after = True
-        self._lingering = False
+        self._to(State.CLOSING)
         if self.transport is not None:
             self.transport.close()
 
@@ -191,15 +223,12 @@ class ClientConnection(asyncio.Protocol):
         self._arm(self._rules.header_timeout, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
+        self._to(State.CLOSED)
         if self._counted:
             self._counted = False
             self._port.open_connections -= 1
             self._port.connections.discard(self)
         self._disarm()
-        if self._timer is not None:  # (the lazy timer holds this connection: let go of it now)
-            self._timer.cancel()
-            self._timer = None
         for request in (self._current, self._parsing, *self._queue):
             if request is not None and request not in self._complete:
                 request.content.set_exception(ConnectionResetError("the client closed the connection"))
@@ -225,9 +254,12 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         head = self._head
-        if head is not None and data and not self._lingering:
-            if self._due is None or self._timer_is_keepalive:
-                self._arm(self._rules.header_timeout, self._head_timed_out)  # a next request's first byte
+        if head is not None and data and self.state is not State.LINGERING:
+            if self.state is State.IDLE:
+                self._to(State.OPEN)  # a next request's first byte: its head is under the header deadline
+                self._disarm()
+            if self._timer is None:
+                self._arm(self._rules.header_timeout, self._head_timed_out)
             try:
                 complete = head.feed(data)
             except HeadTooLarge:
@@ -252,10 +284,11 @@ class ClientConnection(asyncio.Protocol):
         """Feed what came, cut at each request's end; hold the rest once reading is paused."""
         view = memoryview(data)
         while view:
-            if self._blocks and not self._lingering:
+            lingering = self.state is State.LINGERING
+            if self._blocks and not lingering:
                 self._unparsed = bytes(view)
                 return
-            size = len(view) if self._lingering else self._cutter.cut(view)
+            size = len(view) if lingering else self._cutter.cut(view)
             if not self._parse(view[:size]):
                 self._unparsed = b""
                 return
@@ -267,17 +300,17 @@ class ClientConnection(asyncio.Protocol):
         try:
             self._parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
-            self._close_after = True  # (Upgrade is hop-by-hop: the request is answered, then the close)
+            self._to(State.CLOSING)  # (Upgrade is hop-by-hop: the request is answered, then the close)
             self._block(_STOP)
         except httptools.HttpParserError:
             self._parse_failed()
             return False
-        return not self._closed and self.transport is not None and not self.transport.is_closing()
+        return self.state is not State.CLOSED and self.transport is not None and not self.transport.is_closing()
 
     def _parse_failed(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return  # (the head was refused already: what llhttp makes of the rest is moot)
-        if self._lingering:
+        if self.state is State.LINGERING:
             self.close_now()
         elif self._current is None and self._parsing is None:
             if self._too_large:
@@ -288,30 +321,30 @@ class ClientConnection(asyncio.Protocol):
         else:
             if self._parsing is not None:  # its body broke: its exchange answers 400 now, not at its timeout
                 self._parsing.content.set_exception(Refusal(Reason.BAD_REQUEST, _BAD_BODY))
-            self._close_after = True  # garbage behind a request: it is answered, then the close
+            self._to(State.CLOSING)  # garbage behind a request: it is answered, then the close
             self._block(_STOP)
 
     def _block(self, why: str) -> None:
         self._blocks.add(why)
-        if self._reading and self.transport is not None and not self._closed:
+        if self._reading and self.transport is not None and self.state is not State.CLOSED:
             self._reading = False
             self.transport.pause_reading()
 
     def _unblock(self, why: str) -> None:
         self._blocks.discard(why)
-        if not self._blocks and not self._release_due and not self._closed:
+        if not self._blocks and not self._release_due and self.state is not State.CLOSED:
             self._release_due = True
             self._loop.call_soon(self._release)  # (not inside the reader's or the answer's call)
 
     def _release(self) -> None:
         """Nothing holds reading back: what was held is parsed, then the socket is read again."""
         self._release_due = False
-        if self._blocks or self._closed:
+        if self._blocks or self.state is State.CLOSED:
             return
         held, self._unparsed = self._unparsed, b""
         if held:
             self._feed(held)
-        if not self._blocks and not self._reading and self.transport is not None and not self._closed:
+        if not self._blocks and not self._reading and self.transport is not None:  # (None once CLOSED)
             self._reading = True
             self.transport.resume_reading()
 
@@ -352,8 +385,9 @@ class ClientConnection(asyncio.Protocol):
         )
         self._cutter.framed(request.content_length, "Transfer-Encoding" in request.headers)
         self._head = None
-        if self._due is not None and not self._timer_is_keepalive:
-            self._disarm()
+        self._disarm()  # (the header deadline is met; in IDLE, a held request's head ends the keep-alive wait)
+        if self.state is State.IDLE:
+            self._to(State.OPEN)
         if (refusal := head_refusal(method, version, raw, self._headers)) is not None:
             self._refuse_head(request, refusal)
             return
@@ -380,13 +414,13 @@ class ClientConnection(asyncio.Protocol):
             self._block(_PIPELINE)
 
     def on_body(self, body: bytes) -> None:
-        if self._parsing is not None and not self._lingering:
+        if self._parsing is not None and self.state is not State.LINGERING:
             self._parsing.content.feed(body)
 
     def on_message_complete(self) -> None:
         request = self._parsing
         self._parsing = None
-        if self._lingering:
+        if self.state is State.LINGERING:
             self.close_now()
             return
         self._cutter.ended()
@@ -436,12 +470,12 @@ class ClientConnection(asyncio.Protocol):
         whole = request in self._complete
         self._complete.discard(request)
         transport = self.transport
-        if transport is None or self._closed or transport.is_closing():
+        if transport is None or self.state is State.CLOSED or transport.is_closing():
             return
         if not whole:
             self._linger()  # the answer went out before the body was read: read it out, then close
             return
-        if not request.keep_alive or self._close_after:
+        if not request.keep_alive or self.state is State.CLOSING:
             transport.close()
             return
         if self._queue:
@@ -450,53 +484,44 @@ class ClientConnection(asyncio.Protocol):
                 self._unblock(_PIPELINE)
             return
         self._head = HeadScanner(self._rules.max_header_size)
-        self._arm(self._rules.keepalive_timeout, self._idle_timed_out, keepalive=True)
+        self._to(State.IDLE)
+        self._arm(self._rules.keepalive_timeout, self._idle_timed_out)
         self._unblock(_PIPELINE)
 
     def _linger(self) -> None:
         """Read and discard the rest of the request body, for at most LINGERING_SECONDS, then close."""
         assert self.transport is not None
-        self._lingering = True
+        self._to(State.LINGERING)
         self._queue.clear()
         self._blocks.clear()
         self._unblock(_PIPELINE)
         self._arm(LINGERING_SECONDS, self.close_now)
 
-    # ---- timers and refusals ----------------------------------------------------------------------
+    # ---- the state, timers and refusals -----------------------------------------------------------
 
-    _timer_is_keepalive = False
+    def _to(self, state: State) -> None:
+        """The one place the state moves. CLOSED is final: a close decided after the loss changes nothing."""
+        if self.state is State.CLOSED or state is self.state:
+            return
+        assert state in _NEXT[self.state], f"{self.state.name} -> {state.name}"
+        self.state = state
 
-    def _arm(self, seconds: float, callback: Callable[[], None], *, keepalive: bool = False) -> None:
-        """Call `callback` in `seconds` unless disarmed or re-armed first. The loop's timer is lazy:
-        one is left running and, when it comes early (the deadline moved on), set again for the rest,
-        so a keep-alive connection's requests move a number instead of making and cancelling timers."""
-        loop = self._loop
-        self._due, self._due_at, self._timer_is_keepalive = callback, loop.time() + seconds, keepalive
-        if self._timer is None or self._timer.when() > self._due_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = loop.call_at(self._due_at, self._tick)
+    def _arm(self, seconds: float, callback: Callable[[], None]) -> None:
+        self._disarm()
+        self._timer = self._loop.call_later(seconds, callback)
 
     def _disarm(self) -> None:
-        self._due = None
-        self._timer_is_keepalive = False
-
-    def _tick(self) -> None:
-        self._timer = None
-        due = self._due
-        if due is None or self._closed:
-            return
-        if self._loop.time() < self._due_at:
-            self._timer = self._loop.call_at(self._due_at, self._tick)
-            return
-        self._due = None
-        due()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _idle_timed_out(self) -> None:
+        self._timer = None
         if self._current is None and self._parsing is None and self.transport is not None:
             self.transport.close()  # nothing was asked: close quietly, as nginx does
 
     def _head_timed_out(self) -> None:
+        self._timer = None
         head = self._head
         if head is None or self._current is not None:
             return
@@ -510,6 +535,7 @@ class ClientConnection(asyncio.Protocol):
     def _refuse(self, reason: Reason, message: str, status: int = 0) -> None:
         """Answer without a request (none is in progress on this socket): the lifecycle's verdict, its
         status written and booked, then the close."""
+        self._to(State.CLOSING)
         self._head = None
         self._disarm()
         self._block(_STOP)

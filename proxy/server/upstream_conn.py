@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from enum import IntEnum
 from typing import Final, cast
 
 import httptools
@@ -25,18 +26,45 @@ from multidict import CIMultiDict
 
 from proxy.core.headers import is_chunked
 from proxy.core.lifecycle import Reason
-from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.errors import UpstreamFailure
 from proxy.exchange.upstream import BodySink, UpstreamHead
 
-__all__ = ["MAX_HEAD_BYTES", "MAX_INTERIM", "UpstreamConnection", "encode_request"]
+__all__ = ["MAX_HEAD_BYTES", "MAX_INTERIM", "Response", "UpstreamConnection", "encode_request"]
 
 MAX_HEAD_BYTES: Final = 64 * 1024  # a response's status line and headers, in total (nginx: 4-8 KiB)
 MAX_INTERIM: Final = 8  # 1xx responses before the real one; a flood of `100 Continue` is not an answer
 
-_IDLE, _WAITING, _BODY, _DONE = range(4)
 _BAD_RESPONSE = "the upstream sent an invalid HTTP response"
 _CLOSED_EARLY = "the upstream closed the connection before answering"
 _CUT = "the upstream connection broke before the response was complete"
+
+
+class Response(IntEnum):
+    """Where the connection's one response stands; every move is in `_NEXT`.
+
+    IDLE: no request asked (a new connection); a byte now is nobody's. WAITING: a request is sent,
+    its head awaited. INTERIM: a 1xx head came; its empty message ends next, then WAITING again.
+    BODY: the head is out to the exchange, the body arrives. DONE: the response is whole (the pool may
+    reuse the connection). FAILED: the response broke; the connection is closed, never reused.
+    """
+
+    IDLE = 0
+    WAITING = 1
+    INTERIM = 2
+    BODY = 3
+    DONE = 4
+    FAILED = 5
+
+
+_NEXT: Final[dict[Response, frozenset[Response]]] = {
+    Response.IDLE: frozenset({Response.WAITING}),
+    Response.WAITING: frozenset({Response.INTERIM, Response.BODY, Response.FAILED}),
+    Response.INTERIM: frozenset({Response.WAITING, Response.FAILED}),
+    Response.BODY: frozenset({Response.DONE, Response.FAILED}),
+    Response.DONE: frozenset({Response.WAITING}),
+    Response.FAILED: frozenset(),
+}
+_ANSWERED: Final = frozenset({Response.IDLE, Response.DONE, Response.FAILED})  # no byte is awaited
 
 
 class _Stray(Exception):
@@ -56,30 +84,34 @@ def encode_request(
 
 
 class UpstreamConnection(asyncio.Protocol):
-    __slots__ = ("_ended", "_failure", "_feeding", "_head_only", "_head_size", "_headers", "_in_interim",
-                 "_interim", "_on_lost", "_parser", "_pending", "_reason", "_sink", "_state", "_told",
-                 "_until_eof", "_waiter", "closed", "idle_timer", "loop", "reusable", "transport")  # fmt: skip
+    __slots__ = ("_failure", "_feeding", "_head_only", "_head_size", "_headers", "_interim", "_on_lost",
+                 "_parser", "_pending", "_reason", "_sink", "_told", "_until_eof", "_waiter", "closed",
+                 "idle_timer", "loop", "response", "reusable", "transport")  # fmt: skip
 
     def __init__(self, on_lost: Callable[[UpstreamConnection], None]) -> None:
         self._on_lost = on_lost
         self.loop = asyncio.get_running_loop()
         self._parser = httptools.HttpResponseParser(self)
-        self._state = _IDLE
+        self.response = Response.IDLE
         self._waiter: asyncio.Future[UpstreamHead] | None = None
         self._sink: BodySink | None = None
         self._pending: list[bytes] = []  # body pieces not yet given to the sink (one batch per read)
-        self._ended = False
-        self._told = False  # the sink heard the end (or the failure)
-        self._feeding = False  # inside llhttp's callbacks: the sink hears of it after the read
+        # Not states of the response, but bookkeeping beside it: whether the attached sink heard the
+        # end or failure (a drain taking over hears it again), and whether llhttp is calling back
+        # (the sink hears of it after the read, in one batch).
+        self._told = False
+        self._feeding = False
         self._failure: UpstreamFailure | None = None
         self._headers: CIMultiDict[str] = CIMultiDict()
         self._reason = b""
         self._head_size = 0
         self._interim = 0
-        self._in_interim = False
+        # Facts of the response's framing, read at its end: asked with HEAD, or framed by the close.
         self._head_only = False
         self._until_eof = False
         self.transport: asyncio.Transport | None = None
+        # The transport's life is apart from the response's: a response that was whole stays DONE after
+        # the close (a sink that attaches late still hears its end).
         self.closed = False
         self.reusable = False
         self.idle_timer: asyncio.TimerHandle | None = None  # the pool's, while it sits idle
@@ -89,9 +121,8 @@ class UpstreamConnection(asyncio.Protocol):
     def send(self, request: bytes, body: bytes | bytearray | None, *, head_only: bool) -> asyncio.Future[UpstreamHead]:
         """Write one request; the future resolves with the response head (or an `UpstreamFailure`)."""
         assert self.transport is not None
-        assert self._state in (_IDLE, _DONE)
-        self._state, self._sink, self._pending, self._ended, self._failure = _WAITING, None, [], False, None
-        self._told = False
+        self._to(Response.WAITING)
+        self._sink, self._pending, self._failure, self._told = None, [], None, False
         self._headers, self._reason, self._head_size, self._interim = CIMultiDict(), b"", 0, 0
         self._head_only, self._until_eof, self.reusable = head_only, False, False
         waiter = self._waiter = self.loop.create_future()
@@ -115,7 +146,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     @property
     def complete(self) -> bool:
-        return self._state == _DONE and not self.closed
+        return self.response is Response.DONE and not self.closed
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed:
@@ -136,14 +167,14 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
 
     def data_received(self, data: bytes) -> None:
-        if self._state in (_IDLE, _DONE):
+        if self.response in _ANSWERED:
             self.close()  # bytes no request asked for: no client may ever read them
             return
         self._feeding = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError:
-            if self._state == _DONE:  # (_Stray) the response is whole; the connection is not reusable
+            if self.response is Response.DONE:  # (_Stray) the response is whole; the connection is not reusable
                 self.close()
                 return
             self._fail(Reason.BAD_UPSTREAM_RESPONSE, _BAD_RESPONSE)
@@ -159,9 +190,9 @@ class UpstreamConnection(asyncio.Protocol):
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
-        if self._state == _WAITING:
+        if self.response in (Response.WAITING, Response.INTERIM):
             self._fail(Reason.CONNECT_FAILED, _CLOSED_EARLY)
-        elif self._state == _BODY:
+        elif self.response is Response.BODY:
             if self._until_eof and exc is None:
                 self._complete()  # a body framed by the close ends with it
             else:
@@ -171,7 +202,7 @@ class UpstreamConnection(asyncio.Protocol):
     # ---- llhttp's callbacks -----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self._state == _DONE:
+        if self.response is Response.DONE:
             raise _Stray
 
     def on_status(self, status: bytes) -> None:
@@ -180,7 +211,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._grow(len(name) + len(value) + 4)  # (trailers too: a flood of them is bounded with the head)
-        if self._state != _WAITING:
+        if self.response is not Response.WAITING:
             return  # a chunked body's trailer: dropped, as nginx does (never a response header)
         self._headers.add(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
 
@@ -190,7 +221,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._interim += 1
             if status == 101 or self._interim > MAX_INTERIM:
                 raise ValueError("an unrequested upgrade, or an interim flood")
-            self._in_interim = True  # its (empty) message completes next; the real head follows
+            self._to(Response.INTERIM)  # its (empty) message completes next; the real head follows
             self._headers, self._reason, self._head_size = CIMultiDict(), b"", 0
             return
         headers = self._headers
@@ -199,7 +230,7 @@ class UpstreamConnection(asyncio.Protocol):
         chunked = is_chunked(headers.getall("Transfer-Encoding", ()))
         no_body = self._head_only or status in (204, 304)
         self._until_eof = not no_body and content_length is None and not chunked
-        self._state = _BODY
+        self._to(Response.BODY)
         head = UpstreamHead(status, self._reason.decode("latin-1"), headers, content_length)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(head)
@@ -208,14 +239,14 @@ class UpstreamConnection(asyncio.Protocol):
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
-        if self._state == _BODY:
+        if self.response is Response.BODY:
             self._pending.append(body)
 
     def on_message_complete(self) -> None:
-        if self._in_interim:
-            self._in_interim = False
+        if self.response is Response.INTERIM:
+            self._to(Response.WAITING)
             return
-        if self._state == _BODY:
+        if self.response is Response.BODY:
             self.reusable = self._parser.should_keep_alive() and not self._until_eof
             self._complete()
 
@@ -226,9 +257,12 @@ class UpstreamConnection(asyncio.Protocol):
         if self._head_size > MAX_HEAD_BYTES:
             raise ValueError("the response head is too large")
 
+    def _to(self, response: Response) -> None:
+        assert response in _NEXT[self.response], f"{self.response.name} -> {response.name}"
+        self.response = response
+
     def _complete(self) -> None:
-        self._state = _DONE
-        self._ended = True
+        self._to(Response.DONE)
         if not self._feeding:
             self._deliver()
 
@@ -242,24 +276,25 @@ class UpstreamConnection(asyncio.Protocol):
             sink.body(pending[0] if len(pending) == 1 else b"".join(pending))
         if self._told:
             return
-        if self._failure is not None:
+        if self.response is Response.FAILED and self._failure is not None:
             self._told = True
             sink.failed(self._failure)
-        elif self._ended:
+        elif self.response is Response.DONE:
             self._told = True
             sink.end()
 
     def _fail(self, reason: Reason, message: str) -> None:
-        """The connection is unusable; whoever waits on it learns why (once), and it closes."""
-        state = self._state
-        self._state = _DONE if state == _DONE else _IDLE
+        """The connection is unusable; whoever waits on it learns why (once), and it closes. (A whole
+        response stays whole: llhttp's complaint about what follows it is the close's business.)"""
+        state = self.response
         self.close()
-        failure = UpstreamFailure(reason, message)
-        if state == _WAITING:
-            if self._waiter is not None and not self._waiter.done():
-                self._waiter.set_exception(failure)
-        elif state == _BODY and self._failure is None:
-            self._failure = failure
+        if state in _ANSWERED:
+            return
+        self._to(Response.FAILED)
+        failure = self._failure = UpstreamFailure(reason, message)
+        if state is Response.BODY:
             self._pending = []  # (a partial piece of a broken body is never passed on)
             if not self._feeding:
                 self._deliver()
+        elif self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(failure)

@@ -21,7 +21,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.core.lifecycle import Reason
-from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.errors import UpstreamFailure
 from proxy.exchange.upstream import UpstreamHead, UpstreamLink
 from proxy.server.upstream_conn import UpstreamConnection, encode_request
 

@@ -178,7 +178,7 @@ async def test_a_hook_target_that_hangs_up_is_counted(make_proxy: ProxyFactory, 
     assert failures(proxy, "connect_failed") == 1
 
 
-# Issue 22, findings 3-5: hostile ids, the hooks' own bounded connections, and the drain's end.
+# Hostile ids, the hooks' own bounded connections, and the drain's end.
 async def abandon_raw(proxy: Proxy, extra_head: bytes) -> None:
     """A stream abandoned by a client whose head carries bytes aiohttp's client would not send."""
     body = orjson.dumps(CHAT)

@@ -1,4 +1,4 @@
-"""`streamwarden check` against a hostile or broken backend (issue 26): every body and stream it reads
+"""`streamwarden check` against a hostile or broken backend: every body and stream it reads
 is capped and every probe has a total deadline, so a 1.5 GB `/metrics`, a flood of events or one event
 a second forever is a finding, never a hang or a heap that grows; what the backend sends is printed
 with its control bytes escaped.

@@ -1,4 +1,4 @@
-"""Transparent forwarding (issue 2): methods, paths, queries, headers, bodies, limits, upstream down."""
+"""Transparent forwarding: methods, paths, queries, headers, bodies, limits, upstream down."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from multidict import CIMultiDict
-from support import WAIT, FakeUpstream, Proxy, ProxyFactory, ServeUpstream
+from support import WAIT, FakeUpstream, Proxy, ProxyFactory, ServeUpstream, paused_stream
 from yarl import URL
 
 
@@ -183,14 +183,8 @@ async def test_first_event_reaches_the_client_before_the_upstream_writes_the_sec
 ) -> None:
     go_on = asyncio.Event()
 
-    async def handler(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n')
-        await asyncio.wait_for(go_on.wait(), 10)
-        await resp.write(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
-        return resp
-
+    opening = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+    handler = paused_stream(opening, go_on)
     proxy = await make_proxy(upstream=await serve_upstream(handler))
     async with http.post(f"{proxy.url}/v1/chat/completions", json={"stream": True}) as resp:
         first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)

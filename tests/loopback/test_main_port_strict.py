@@ -1,4 +1,4 @@
-"""The main port's strictness and bounds on the wire (issue 26, items 1, 5 and 6).
+"""The main port's strictness and bounds on the wire.
 
 Pipelined requests are parsed one at a time, at most MAX_PARSED_AHEAD behind the one in progress;
 a body llhttp rejects after its head is answered at once (400, or 501 for an unknown transfer

@@ -30,7 +30,7 @@ FIELDS = frozenset({
     "request_id", "method", "path", "api", "model", "stream", "status", "upstream_status", "outcome", "reason",
     "duration_ms", "ttft_ms", "events", "bytes_out", "prompt_tokens", "completion_tokens", "usage_source",
     "upstream_cancelled", "client",
-    "abort_phase",  # issue 13: where an aborted exchange was left (null otherwise)
+    "abort_phase",  # where an aborted exchange was left (null otherwise)
 })
 STRUCTLOG = frozenset({"event", "level", "timestamp"})
 PROMPT = "say hi please"  # 3 prompt tokens for the fake
@@ -60,14 +60,14 @@ UPSTREAM_SAID = {"upstream_4xx", "upstream_5xx", "upstream_error_frame", "stray_
 
 
 def check_shape(line: dict[str, Any]) -> None:
-    # issue 21: what the upstream said rides along on the failures it explains
+    # What the upstream said rides along on the failures it explains
     said = {"upstream_message"} if "upstream_message" in line else set()
-    said |= {"cause"} if "cause" in line else set()  # issue 27: why the way to the upstream failed
+    said |= {"cause"} if "cause" in line else set()  # why the way to the upstream failed
     assert set(line) == FIELDS | STRUCTLOG | said, set(line) ^ (FIELDS | STRUCTLOG | said)
     assert "upstream_message" not in said or line["reason"] in UPSTREAM_SAID, line["reason"]
     assert "cause" not in said or line["outcome"] == "error", line["reason"]
     assert line["event"] == "request"
-    assert line["level"] == log_level(line["outcome"], line["reason"])  # issue 21: warning on error
+    assert line["level"] == log_level(line["outcome"], line["reason"])  # warning on error
     assert isinstance(line["duration_ms"], float)
     assert line["duration_ms"] >= 0
     if line["ttft_ms"] is not None:

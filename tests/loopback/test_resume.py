@@ -10,7 +10,6 @@ refusal, the limit, a continuation the backend refuses, and the flag off. The re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,7 +18,7 @@ import orjson
 import pytest
 from aiohttp import web
 from support import FakeUpstream, Proxy, ProxyFactory, ServeUpstream
-from support.cut_relay import CutRelay, Gate
+from support.cut_relay import CutRelay, Gate, read_gated
 
 from proxy.tools.fake import FakeSettings, build_app
 
@@ -27,14 +26,6 @@ pytestmark = pytest.mark.asyncio
 
 PROMPT = [{"role": "user", "content": "Say something."}]
 AFTER = 5  # content events the relay lets through before it breaks a stream
-
-
-@pytest.fixture
-async def relays() -> AsyncIterator[list[CutRelay]]:
-    started: list[CutRelay] = []
-    yield started
-    for relay in started:
-        await relay.stop()
 
 
 async def relay_to(backend: str, plan: list[str | None], relays: list[CutRelay]) -> CutRelay:
@@ -49,12 +40,13 @@ async def chat(base: str, gate: Gate | None = None, **extra: Any) -> list[dict[s
     async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=30) as client:
         fields: dict[str, Any] = {"max_tokens": 12, "stream_options": {"include_usage": True}, **extra}
         stream = await client.chat.completions.create(model="fake-model", messages=PROMPT, stream=True, **fields)
-        chunks = []
-        async for chunk in stream:
-            chunks.append(chunk.model_dump())
-            if gate is not None and chunk.choices and chunk.choices[0].delta.content:
-                gate.saw_content()
-        return chunks
+        return await read_gated(stream, gate)
+
+
+async def words_tokenizer(request: web.Request) -> web.Response:
+    """vLLM's `/tokenize`, counting a token per word."""
+    count = len((await request.json())["prompt"].split())
+    return web.json_response({"count": count, "max_model_len": 4096, "tokens": list(range(count))})
 
 
 def text_of(chunks: list[dict[str, Any]]) -> str:
@@ -141,7 +133,7 @@ async def test_the_limit_ends_the_stream_with_the_failure_it_broke_with(
     line = (await proxy.settled())[-1]
     assert (line["outcome"], line["reason"], line["resumes"]) == ("error", "stream_cut", 2)
     assert line["resume_refusal"] == "the limit of 2 continuations was reached"
-    # Each continuation counted once (issue 26, item 11): both broke in turn, and none was refused.
+    # Each continuation counted once: both broke in turn, and none was refused.
     assert [resumes(proxy, "stream_cut", result) for result in ("resumed", "failed", "refused")] == [0, 2, 0]
 
 
@@ -167,6 +159,8 @@ async def test_a_continuation_the_backend_refuses_ends_as_today(
     seen: list[dict[str, Any]] = []
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(await request.json())
         if len(seen) > 1:
             error = {"error": {"message": "cannot continue", "type": "BadRequestError", "code": 400}}
@@ -220,6 +214,8 @@ async def test_a_continuation_answered_with_a_retryable_status_is_tried_again(
     seen: list[dict[str, Any]] = []
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(await request.json())
         if len(seen) == 2:
             error = {"error": {"message": "busy", "type": "server_error", "code": 503}}
@@ -246,6 +242,8 @@ async def test_a_client_that_leaves_during_a_continuation_cancels_it(
     seen = 0
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         nonlocal seen
         seen += 1
         if seen == 1:
@@ -289,11 +287,7 @@ async def test_completions_continue_the_prompt(
     async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=30) as client:
         stream = await client.completions.create(model="fake-model", prompt="Once", stream=True, max_tokens=12,
                                                  stream_options={"include_usage": True})
-        chunks = []
-        async for chunk in stream:
-            chunks.append(chunk.model_dump())
-            if relay.gate is not None and chunk.choices and chunk.choices[0].text:
-                relay.gate.saw_content()
+        chunks = await read_gated(stream, relay.gate)
     first, second = (orjson.loads(body) for body in relay.bodies)
     text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert second["prompt"].startswith("Once")
@@ -317,6 +311,8 @@ def stray_then_whole(retry_after: str, seen: list[dict[str, Any]]) -> Any:
     """A backend whose first answer breaks with a stray 503 block after six words; later ones finish."""
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(await request.json())
         if len(seen) > 1:
             return await stream_words(request, ["seven"], finish=True)
@@ -390,6 +386,8 @@ async def test_an_error_frame_with_a_retryable_status_is_continued(
     seen: list[dict[str, Any]] = []
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(await request.json())
         if len(seen) > 1:
             return await stream_words(request, ["three"], finish=True)
@@ -416,6 +414,8 @@ async def test_completions_with_token_ids_are_continued_token_for_token(
         return sse({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m", "choices": [choice]})
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(await request.json())
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -433,11 +433,7 @@ async def test_completions_with_token_ids_are_continued_token_for_token(
     async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=30) as client:
         stream = await client.completions.create(model="m", prompt="Once", stream=True, max_tokens=10,
                                                  extra_body={"return_token_ids": True})
-        chunks = []
-        async for c in stream:
-            chunks.append(c.model_dump())
-            if relay.gate is not None and c.choices and c.choices[0].text:
-                relay.gate.saw_content()
+        chunks = await read_gated(stream, relay.gate)
     # The relay cut after five texts, which took six tokens (one ended inside the "é"): six are spent.
     assert seen[1]["prompt"] == [1, 7, 8, 101, 102, 103, 104, 105, 106]
     assert seen[1]["max_tokens"] == 10 - 6
@@ -480,10 +476,12 @@ async def test_a_backend_that_echoes_the_prefix_is_stitched_without_it(
 async def test_the_kept_body_counts_in_the_body_budget_until_the_stream_ends(
     make_proxy: ProxyFactory, serve_upstream: ServeUpstream, resume_on_cut: int
 ) -> None:
-    """Issue 26, item 2: the bytes kept for a continuation are memory the shared bound must see."""
+    """The bytes kept for a continuation are memory the shared bound must see."""
     release = asyncio.Event()
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         await request.read()
         response = await stream_words(request, ["one ", "two "], finish=False)
         await release.wait()
@@ -510,7 +508,7 @@ async def test_the_kept_body_counts_in_the_body_budget_until_the_stream_ends(
 async def test_the_continuation_carries_the_clients_own_bytes(
     make_proxy: ProxyFactory, fake_upstream: FakeUpstream, relays: list[CutRelay]
 ) -> None:
-    """Issue 26, item 8: a 30-digit integer reached the backend as a float in the continuation."""
+    """A 30-digit integer in the client's body reaches the backend as the same integer in the continuation."""
     relay = await relay_to(fake_upstream.url, ["close"], relays)
     proxy = await make_proxy(upstream=relay.url, resume_on_cut=1)
     big = 123456789012345678901234567890
@@ -524,7 +522,7 @@ async def test_the_continuation_carries_the_clients_own_bytes(
 async def test_vllms_empty_deltas_are_counted_as_tokens(
     make_proxy: ProxyFactory, serve_upstream: ServeUpstream
 ) -> None:
-    """Issue 25 against real vLLM: 22 tokens streamed, 17 of them `"content": ""` chunks (bytes held
+    """A cut seen against real vLLM: 22 tokens streamed, 17 of them `"content": ""` chunks (bytes held
     back inside a character), for max_tokens 64: the continuation asked 59 and the client got 81."""
     seen: list[dict[str, Any]] = []
     pieces = ["\ufffdWh", *[""] * 3, " a", *[""] * 4, "y", *[""] * 7, "b", *[""] * 3, "c"]
@@ -535,6 +533,8 @@ async def test_vllms_empty_deltas_are_counted_as_tokens(
                                  "token_ids": None}]})
 
     async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":  # (a backend with a tokenizer: one token per word)
+            return await words_tokenizer(request)
         seen.append(body := await request.json())
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)

@@ -1,4 +1,4 @@
-"""Resume seen with the built-in fake alone (issue 27): a fault with `once=1` breaks only a request's
+"""Resume seen with the built-in fake alone: a fault with `once=1` breaks only a request's
 first attempt, so `--resume-on-cut` in front of `fake-upstream` mends it, the recipe the README gives.
 
 Without `once`, the continuation carries the same `x-fault` header and breaks again (the limit is

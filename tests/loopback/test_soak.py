@@ -1,4 +1,4 @@
-"""Soak (issue 4): 300 concurrent streams, a third abandoned at random points.
+"""Soak: 300 concurrent streams, a third abandoned at random points.
 
 Afterwards every abandoned request's upstream connection was closed by the proxy (seen from the fake
 upstream's own socket), the proxy's books balance, the open file descriptors are back near their

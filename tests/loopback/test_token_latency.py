@@ -1,4 +1,4 @@
-"""Issue 13 on the admin port: inter-token latency and time per output token (ok streams only), and
+"""On the admin port: inter-token latency and time per output token (ok streams only), and
 where clients abandon their requests (`streamwarden_aborts_total{phase}`, the `abort_phase` log field,
 `streamwarden_abort_wait_seconds`), with real clients leaving at each phase."""
 

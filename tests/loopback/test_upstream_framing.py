@@ -1,4 +1,4 @@
-"""The upstream response's framing, from a raw-socket upstream (issue 26, item 7).
+"""The upstream response's framing, from a raw-socket upstream.
 
 A chunked body's trailers are dropped (nginx does not pass them): a trailer `Set-Cookie` or
 `Location` must never reach the client as a header. A `Transfer-Encoding` is chunked only when

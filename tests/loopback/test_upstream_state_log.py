@@ -1,4 +1,4 @@
-"""The upstream's state in the logs (issue 27): /readyz's probe logs the upstream going down and coming
+"""The upstream's state in the logs: /readyz's probe logs the upstream going down and coming
 back, once per transition, at warning, with the cause; a request that cannot reach the upstream says
 why in its own log line.
 

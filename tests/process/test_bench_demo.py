@@ -92,7 +92,7 @@ def _check_tour(out: str) -> None:
     assert "no exception; create() returned None" in _side(null, "direct")
     assert "InternalServerError 502" in _side(null, "through")
 
-    resume = cases[6]  # issue 27: resume seen with the built-in fake (x-fault: cut;once=1)
+    resume = cases[6]  # resume seen with the built-in fake (x-fault: cut;once=1)
     assert "the backend got 1 request(s)" in _side(resume, "through")
     assert any("error/stream_cut" in line for line in resume)
     resumed = _side(resume, "resume")

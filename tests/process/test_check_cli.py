@@ -115,7 +115,7 @@ def test_the_report_as_a_user_gets_it(tmp_path: Path) -> None:
 
 
 def test_a_report_where_no_dialect_answered_is_a_failure(tmp_path: Path) -> None:
-    """Issue 27: every dialect failed, yet `check` said "none beyond the defaults" and exited 0."""
+    """Every dialect failed, yet `check` said "none beyond the defaults" and exited 0."""
     report = tmp_path / "report.json"
     with fake_process("--quirk", "health_lies") as url:  # every generation request gets 503
         done = streamwarden("check", "--upstream", url, "--json", str(report))

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,17 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 from support import WAIT
+from support.hostile import free_ports
 
 PY = sys.executable
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: all held open at once, so the kernel cannot hand one out twice."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 @pytest.mark.parametrize(
@@ -89,7 +79,7 @@ async def serve_factory() -> AsyncIterator[Callable[..., Awaitable[Served]]]:
     procs: list[asyncio.subprocess.Process] = []
 
     async def start(*flags: str) -> Served:
-        fake_port, port, admin_port = _free_ports(3)
+        fake_port, port, admin_port = free_ports(3)
         fake = await asyncio.create_subprocess_exec(
             PY, "-m", "proxy", "fake-upstream", "--port", str(fake_port), "--token-rate", "0",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
@@ -219,7 +209,7 @@ async def test_sigterm_gives_a_waiting_whole_body_request_a_503(
 
 
 async def test_image_healthcheck_follows_serve_s_admin_port_argument(served: Served) -> None:
-    """The HEALTHCHECK (`python -m proxy.healthcheck`) against a real `serve --admin-port N` (issue 14)."""
+    """The HEALTHCHECK (`python -m proxy.healthcheck`) against a real `serve --admin-port N`."""
     _, _, proc = served
     check = [PY, "-m", "proxy.healthcheck", str(proc.pid)]
     env = {**os.environ, "STREAMWARDEN_ADMIN_PORT": "1"}  # the check's own environment must not matter

@@ -215,7 +215,7 @@ async def check_expressions(prom: PromAPI) -> None:
         p95 = await prom.scalar(f"histogram_quantile(0.95, sum by (le) (rate({histogram}_bucket[1m])))")
         assert 0 < p95 < 5, (histogram, p95)
 
-    # Issue 13's panels, on this traffic (printed with -s: what each panel shows).
+    # The dashboard's latency and abort panels, on this traffic (printed with -s: what each panel shows).
     itl = {q: await prom.scalar(_quantile(q, "streamwarden_inter_token_latency_seconds")) for q in ("0.50", "0.95")}
     tpot = {q: await prom.scalar(_quantile(q, "streamwarden_time_per_output_token_seconds")) for q in ("0.50", "0.95")}
     wait = {q: await prom.scalar(_quantile(q, "streamwarden_abort_wait_seconds")) for q in ("0.50", "0.95")}

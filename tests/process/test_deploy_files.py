@@ -171,7 +171,7 @@ def test_podmonitor_scrapes_the_sidecars_admin_port(path: Path) -> None:
     assert set(endpoints) == {"streamwarden", "llm-backend"}
     env = container_env(sidecar(path))
     assert port_number(sidecar(path), endpoints["streamwarden"]["port"]) == int(effective(env, "admin-port"))
-    # Issue 21: the backend's own metrics, through the proxy's main port (the backend is on loopback).
+    # The backend's own metrics, through the proxy's main port (the backend is on loopback).
     assert port_number(sidecar(path), endpoints["llm-backend"]["port"]) == int(effective(env, "port"))
     for endpoint in endpoints.values():
         assert endpoint.get("path", "/metrics") == "/metrics"
@@ -254,7 +254,7 @@ def cpu_cores(quantity: str | int | float) -> float:
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_sidecar_cpu_is_never_throttled_below_one_core(path: Path) -> None:
-    """Issue 14: one proxy process uses up to a core; a lower limit turns load into latency."""
+    """One proxy process uses up to a core; a lower limit turns load into latency."""
     resources = sidecar(path)["resources"]
     request, limit = cpu_cores(resources["requests"]["cpu"]), cpu_cores(resources["limits"]["cpu"])
     assert limit >= max(1.0, request)
@@ -422,7 +422,7 @@ def scrape_job(config: dict[str, Any], name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_kubernetes_backend_job_scrapes_the_backend_through_the_proxys_main_port(path: Path) -> None:
-    """Issue 21: the backend's own metrics (it listens on loopback) come through the proxy's main port."""
+    """The backend's own metrics (it listens on loopback) come through the proxy's main port."""
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-kubernetes.yml").read_text())
     job = scrape_job(config, "llm-backend")
     kept = [meta for meta in discovered_targets(path) if relabel(meta, job["relabel_configs"]) is not None]
@@ -504,7 +504,7 @@ def test_compose_publishes_every_port_on_loopback_only() -> None:
 
 
 def test_compose_has_nothing_compose_1_29_rejects() -> None:
-    """Issue 21: Debian 12's docker-compose 1.29 refuses a top-level `name:` ('does not match any of the
+    """Debian 12's docker-compose 1.29 refuses a top-level `name:` ('does not match any of the
     regexes'); the project name comes from `-p`, as the file's header says."""
     assert set(compose()) <= {"services", "volumes", "networks"}
     assert "-p streamwarden" in COMPOSE.read_text().split("services:")[0]
@@ -550,7 +550,7 @@ def test_compose_prometheus_sets_the_labels_the_alerts_and_dashboard_group_by() 
 
 
 def test_compose_model_is_downloaded_like_the_kubernetes_one() -> None:
-    """Issue 21: llama.cpp's `-hf` download into a volume, as llamacpp-sidecar.yaml does; no GGUF by hand."""
+    """llama.cpp's `-hf` download into a volume, as llamacpp-sidecar.yaml does; no GGUF by hand."""
     llama = compose()["services"]["llamacpp"]
     args = [interpolate(str(a)) for a in llama["command"]]
     kubernetes = [str(a) for a in backend(KUBERNETES / "llamacpp-sidecar.yaml")["args"]]
@@ -659,7 +659,7 @@ def test_dockerfile_is_multi_stage_with_a_clean_final_stage() -> None:
 
 
 def test_dockerfile_builds_reproducibly_from_a_pinned_base_and_the_constraints() -> None:
-    """Issue 14: a digest-pinned base, the constraints `make` uses too, no frontend fetched from a registry."""
+    """A digest-pinned base, the constraints `make` uses too, no frontend fetched from a registry."""
     text = DOCKERFILE.read_text()
     assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I), "a # syntax= line makes BuildKit pull a frontend"
     (default,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)

@@ -22,36 +22,22 @@ import aiohttp
 import orjson
 import pytest
 from support.hostile import (
+    CHAT,
     WAIT,
     Connection,
     FakeProcess,
+    MiB,
     RawUpstream,
     ServeProcess,
     body_of,
+    chat_json,
     exchange_raw,
     response,
     status_of,
     until,
 )
 
-MiB = 1024 * 1024
-CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 SHORT = ("--client-header-timeout", "1", "--client-body-timeout", "1", "--client-keepalive-timeout", "2")
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProcess]:
-    process = FakeProcess()
-    yield process
-    process.stop()
-
-
-@pytest.fixture(scope="module")
-def main_proxy(fake: FakeProcess) -> Iterator[ServeProcess]:
-    """The module's proxy: short client timeouts, so that slow clients are dropped within seconds."""
-    process = ServeProcess(fake.url, *SHORT, "--max-client-connections", "400")
-    yield process
-    process.stop()
 
 
 @pytest.fixture
@@ -60,9 +46,12 @@ async def http() -> Any:
         yield session
 
 
-def chat_json(content: str = "hi") -> bytes:
-    return orjson.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]})
+@pytest.fixture(scope="module")
+def main_proxy(fake: FakeProcess) -> Iterator[ServeProcess]:
+    """The module's proxy: short client timeouts, so that slow clients are dropped within seconds."""
+    process = ServeProcess(fake.url, *SHORT, "--max-client-connections", "400")
+    yield process
+    process.stop()
 
 
 # --- 1. a pooled upstream connection never hands one client's bytes to the next ---------------------

@@ -1,4 +1,4 @@
-"""The image's HEALTHCHECK against processes (issue 22, finding 7): proxy variables, decoys, odd argv.
+"""The image's HEALTHCHECK against processes: proxy variables, decoys, odd argv.
 
 Each stand-in is a process started like the container's `python /opt/venv/bin/streamwarden serve ...`:
 its command line and environment are what the check reads from /proc. Healthy or not is decided by an

@@ -1,4 +1,4 @@
-"""The numbered findings of issue 18, each reproduced on loopback against a real `streamwarden serve`.
+"""Hostile peers, each case reproduced on loopback against a real `streamwarden serve`.
 
 Raw-socket clients and raw-socket upstreams (`hostile`) do what aiohttp would refuse to: read a few
 bytes of a huge answer and leave, flood `100 Continue`, trickle a request line. A test that fails on
@@ -15,45 +15,32 @@ import io
 import signal
 import socket
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 from support.hostile import (
+    CHAT,
     WAIT,
     Connection,
     FakeProcess,
+    MiB,
     RawUpstream,
     ServeProcess,
     body_of,
+    chat_json,
     exchange_raw,
     response,
     status_of,
     until,
 )
 
-MiB = 1024 * 1024
-CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProcess]:
-    process = FakeProcess()
-    yield process
-    process.stop()
-
 
 @pytest.fixture
 async def http() -> Any:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as session:
         yield session
-
-
-def chat_json(content: str = "hi") -> bytes:
-    return orjson.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]})
 
 
 def chat_request(request_id: str, *, close: bool = False) -> bytes:

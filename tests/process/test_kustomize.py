@@ -1,4 +1,4 @@
-"""Issue 21: `kubectl apply -k` installs everything an operator needs, and every kustomization renders.
+"""`kubectl apply -k` installs everything an operator needs, and every kustomization renders.
 
 The base (deploy/kubernetes) carries the alerts component; the components (alerts, the one for
 clusters without the Prometheus Operator, the sidecar patch for an existing Deployment) are rendered
@@ -142,7 +142,7 @@ def test_the_release_label_patch_of_the_readme_labels_every_monitoring_object(tm
 
 @needs_kubectl
 def test_apply_k_brings_the_dashboard_for_the_grafana_sidecar() -> None:
-    """Issue 27: kube-prometheus-stack's Grafana sidecar loads ConfigMaps labelled grafana_dashboard: "1";
+    """kube-prometheus-stack's Grafana sidecar loads ConfigMaps labelled grafana_dashboard: "1";
     the base renders one from grafana/streamwarden.json, byte for byte, under a name that does not change."""
     rendered = kustomize(KUBERNETES)
     (dashboard,) = [c for c in of_kind(rendered, "ConfigMap") if c["metadata"].get("labels", {}).get(
@@ -156,7 +156,7 @@ def test_apply_k_brings_the_dashboard_for_the_grafana_sidecar() -> None:
 
 @needs_kubectl
 def test_the_runbook_base_is_one_setting_of_the_alerts_component(tmp_path: Path) -> None:
-    """Issue 27: runbook_url pointed at an organisation that does not exist; where docs/runbooks.md lives
+    """runbook_url pointed at an organisation that does not exist; where docs/runbooks.md lives
     is set once (components/alerts/runbooks.yaml) and reaches every rule, and the setting is not applied."""
     setting = COMPONENTS / "alerts" / "runbooks.yaml"
     (base,) = {yaml.safe_load(setting.read_text())["data"]["base"]}
@@ -179,7 +179,7 @@ def test_the_runbook_base_is_one_setting_of_the_alerts_component(tmp_path: Path)
 
 @needs_kubectl
 def test_the_inference_pool_sends_the_gateways_traffic_to_the_proxy() -> None:
-    """Issue 27 item 9: an InferencePool (Gateway API Inference Extension v1) over the base's vLLM pods
+    """An InferencePool (Gateway API Inference Extension v1) over the base's vLLM pods
     targets the proxy's main port (which forwards /metrics to vLLM for the endpoint picker), never vLLM's."""
     (pool,) = kustomize(POOL)
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
@@ -200,7 +200,7 @@ def test_the_inference_pool_sends_the_gateways_traffic_to_the_proxy() -> None:
 
 @needs_kubectl
 def test_the_model_cache_component_keeps_weights_on_a_claim_per_backend(tmp_path: Path) -> None:
-    """Issue 27 item 8: emptyDir by default (each restart downloads the model), a PVC per backend with the
+    """emptyDir by default (each restart downloads the model), a PVC per backend with the
     component, as vLLM's production-stack does; nothing else changes."""
     text = (KUBERNETES / "kustomization.yaml").read_text()
     commented = "  # - components/model-cache-pvc\n"
@@ -257,7 +257,7 @@ BACKENDS = {"vllm-sidecar.yaml": "vllm", "llamacpp-sidecar.yaml": "llama-server"
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_kubectl_logs_shows_the_backend_and_the_backend_is_hardened(name: str) -> None:
-    """Issue 27 item 8: the default container is the backend; it binds loopback only (the pod IP reaches
+    """The default container is the backend; it binds loopback only (the pod IP reaches
     only the proxy); it runs non-root with no capabilities; llama.cpp's image tag does not float."""
     deployment = manifest_deployment(name)
     pod = deployment["spec"]["template"]
@@ -274,6 +274,11 @@ def test_kubectl_logs_shows_the_backend_and_the_backend_is_hardened(name: str) -
     if context["readOnlyRootFilesystem"]:
         mounts = {m["mountPath"] for m in backend["volumeMounts"]}
         assert "/tmp" in mounts
+    if name == "vllm-sidecar.yaml":
+        # getpass.getuser() (torch's and vLLM's cache folders, at import) fails for a UID without a
+        # passwd entry unless an environment variable names the user: it reads LOGNAME, USER first.
+        env = {e["name"]: e.get("value") for e in backend["env"]}
+        assert env.get("USER") or env.get("LOGNAME"), "vLLM would die on import as an arbitrary UID"
     image = backend["image"]
     assert re.fullmatch(r"[^:]+:(v\d+\.\d+\.\d+|server-b\d+)", image), image
     if name == "llamacpp-sidecar.yaml":
@@ -300,7 +305,7 @@ def test_the_sidecar_component_puts_the_proxy_in_front_of_an_existing_deployment
     assert sorted(names) == sorted([SIDECAR, "vllm"])
     (backend,) = [c for c in pod["spec"]["containers"] if c["name"] == "vllm"]
     (untouched,) = original["spec"]["template"]["spec"]["containers"]
-    # Issue 27 item 8: the overlay binds the backend to loopback and probes it through the proxy; the
+    # The overlay binds the backend to loopback and probes it through the proxy; the
     # component names it the default container. Nothing else of the backend changes.
     assert "--host=127.0.0.1" in backend["args"]
     assert backend["args"] == [a for a in untouched["args"] if a.startswith("--model")] + ["--host=127.0.0.1"] + [

@@ -1,4 +1,4 @@
-"""Issue 21: `make run` owns what it starts. Its fake must be its own, the banner comes only once the
+"""`make run` owns what it starts. Its fake must be its own, the banner comes only once the
 proxy answers, a failed start is one line and exit 2, and killing `make` frees every port.
 
 The kill test runs the real `make run`; the failure cases run its launcher (scripts/run.py) directly,
@@ -21,19 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.hostile import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 WAIT = 30.0
 MAKE = shutil.which("make")
-
-
-def free_ports(count: int) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 @contextlib.contextmanager
@@ -115,7 +108,7 @@ def test_a_busy_fake_port_is_one_line_before_anything_starts() -> None:
     assert done.stdout == ""
     [line] = done.stderr.splitlines()
     assert re.fullmatch(rf"make run: in use: FAKE_PORT={fake}; pick others, e\.g\. make run FAKE_PORT=\d+", line)
-    assert int(line.rsplit("=", 1)[1]) > fake  # issue 27: the hint names the variable that is busy
+    assert int(line.rsplit("=", 1)[1]) > fake  # the hint names the variable that is busy
     assert not listening(port)
 
 
@@ -214,7 +207,7 @@ def test_an_old_python_gets_a_one_line_hint(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(MAKE is None, reason="make is not installed")
 def test_make_demo_on_a_fresh_clone_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
-    """Issue 27: `make demo` installed the whole test toolchain first (36 s for a 30-second tour).
+    """`make demo` installed the whole test toolchain first (36 s for a 30-second tour).
     A dry run against a virtualenv that does not exist shows what it would install."""
     assert MAKE is not None
     done = subprocess.run([MAKE, "-n", "-C", str(ROOT), "demo", f"VENV={tmp_path / 'venv'}"],

@@ -1,4 +1,4 @@
-"""Where the metrics live (issue 22, finding 8): stale multiprocess directories, inherited variables.
+"""Where the metrics live: stale multiprocess directories, inherited variables.
 
 `serve --workers N` keeps its values in a directory it makes under the temporary directory: one left
 by a SIGKILLed supervisor is removed at the next start (a `/tmp` emptyDir outlives container

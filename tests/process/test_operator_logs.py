@@ -1,4 +1,4 @@
-"""Issue 21: what an operator's log shows at `--log-level warning`, and a scrape of the backend's own
+"""What an operator's log shows at `--log-level warning`, and a scrape of the backend's own
 `/metrics` through the main port, both through a real `streamwarden serve` process and the real fake.
 
 At warning, production's usual level, every failure is still there (with what the backend said) and
@@ -9,7 +9,6 @@ through the proxy is forwarded but is neither counted as model traffic nor logge
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -21,13 +20,6 @@ from proxy.observe.books import log_level
 from proxy.server.serve import DRAINING_HINT
 
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProcess]:
-    process = FakeProcess()
-    yield process
-    process.stop()
 
 
 @pytest.mark.parametrize(

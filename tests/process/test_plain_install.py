@@ -1,4 +1,4 @@
-"""A plain `pip install .` into a fresh venv, as a newcomer does it (issue 14).
+"""A plain `pip install .` into a fresh venv, as a newcomer does it.
 
 Every console subcommand either works or says in one line which extra to install and exits 2. The venv
 has none of the extras, so this also shows that nothing outside `[project] dependencies` is imported by
@@ -8,7 +8,6 @@ the configured index or pip's cache), so the venv is made once per session.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -22,18 +21,10 @@ from pathlib import Path
 
 import orjson
 import pytest
+from support.hostile import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_TIMEOUT = 600
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: all held open at once, so the kernel cannot hand one out twice."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def _env() -> dict[str, str]:
@@ -117,7 +108,7 @@ def test_demo_names_its_extra_in_one_line_and_exits_2(plain_bin: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(INSTALL_TIMEOUT + 60)
 def test_serve_and_fake_upstream_work(plain_bin: Path, processes: list[subprocess.Popen[bytes]]) -> None:
-    fake_port, port, admin_port = _free_ports(3)
+    fake_port, port, admin_port = free_ports(3)
     cmd = str(plain_bin / "streamwarden")
     out = subprocess.DEVNULL
     processes.append(subprocess.Popen([cmd, "fake-upstream", "--port", str(fake_port)], stdout=out, stderr=out,

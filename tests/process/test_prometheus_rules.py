@@ -167,8 +167,8 @@ def test_dashboard_has_the_panels_of_the_brief() -> None:
     assert has("streamwarden_upstream_responses_total", {"code"})
     assert has("streamwarden_upstream_up", {"pod"})
     assert has("streamwarden_build_info", {"version"})
-    assert has("streamwarden_aborts_total", {"phase"})  # issue 13
-    # issue 27: resumes, cancel-hook failures and the backend's own queue and KV cache
+    assert has("streamwarden_aborts_total", {"phase"})
+    # Resumes, cancel-hook failures and the backend's own queue and KV cache
     assert has("streamwarden_stream_resumes_total", {"reason", "result"})
     assert has("streamwarden_cancel_hook_failures_total", {"reason"})
     for backend in BACKEND_METRICS:
@@ -186,7 +186,7 @@ def test_dashboard_has_the_panels_of_the_brief() -> None:
         assert f"histogram_quantile({quantile}, sum by (le) (rate(streamwarden_abort_wait_seconds_bucket" in exprs
 
 
-# What a panel shows decides its unit (issue 13: rewrites are not requests). Rates of counters of
+# What a panel shows decides its unit (rewrites are not requests). Rates of counters of
 # requests are reqps; ratios percentunit; quantiles of a *_seconds histogram s; other counts per
 # second name what they count.
 RATE_UNITS = {
@@ -240,7 +240,7 @@ def _without_threshold(expr: str) -> str:
 
 
 def test_dashboard_error_ratio_is_the_alerts_expression() -> None:
-    """Issue 13: the panel and the alert agree on what counts (client errors but 408 and 429 do not)."""
+    """The panel and the alert agree on what counts (client errors but 408 and 429 do not)."""
     [panel] = [p for p in dashboard()["panels"] if p["title"] == "Error ratio by api"]
     [target] = panel["targets"]
     shown = target["expr"].replace('namespace=~"$namespace", pod=~"$pod", api=~"$api", ', "")
@@ -399,7 +399,7 @@ def test_every_alert_has_for_severity_and_text() -> None:
 
 
 def test_every_alert_keeps_the_namespace_label() -> None:
-    """Issue 13: alerts say which namespace (grouped by it, or not aggregated at all)."""
+    """Alerts say which namespace (grouped by it, or not aggregated at all)."""
     for rule in alert_rules():
         expr = str(rule["expr"])
         groupings = [s.grouping for s in selectors(expr)]

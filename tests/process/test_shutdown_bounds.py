@@ -1,4 +1,4 @@
-"""Shutdown stays inside --drain-timeout + 1 s, whatever the OTLP collector does (issue 26, item 9).
+"""Shutdown stays inside --drain-timeout + 1 s, whatever the OTLP collector does.
 
 A black-hole collector (its accept queue full, so a connect never completes) and 100 streams in
 flight at SIGTERM. The bound asserted is the documented one plus slack for a busy machine, far

@@ -1,4 +1,4 @@
-"""Issue 21: a start that cannot happen says so in one line and exits 2; `--help` stands alone.
+"""A start that cannot happen says so in one line and exits 2; `--help` stands alone.
 
 Each case runs the real command (`python -m proxy`) and reads everything it wrote: one line on stderr,
 nothing on stdout, no traceback, no "Unclosed client session", exit code 2.
@@ -86,7 +86,7 @@ def test_a_malformed_upstream_names_the_flag() -> None:
 @pytest.mark.parametrize(("given", "root"), [("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
                                            ("http://gw:8000/openai/v1/", "http://gw:8000/openai")])
 def test_an_upstream_ending_in_v1_is_refused_saying_what_to_write(given: str, root: str) -> None:
-    """Issue 27: `--upstream http://HOST:PORT/v1` (what OPENAI_BASE_URL looks like) went ready and 404'd
+    """`--upstream http://HOST:PORT/v1` (what OPENAI_BASE_URL looks like) went ready and 404'd
     every request; `check` already refused it. Refused from the variable too."""
     for done in (run("serve", "--upstream", given), run("serve", env={"STREAMWARDEN_UPSTREAM": given})):
         assert done.returncode == 2
@@ -143,7 +143,7 @@ def test_serve_help_names_each_kind_of_value_and_lists_the_choices() -> None:
 def test_fake_upstream_help_lists_every_scenario() -> None:
     done = run("fake-upstream", "--help")
     assert done.returncode == 0
-    scenarios = done.stdout.split("scenarios", 1)[1].split("\nquirks", 1)[0]  # the quirks follow (issue 27)
+    scenarios = done.stdout.split("scenarios", 1)[1].split("\nquirks", 1)[0]  # the quirks follow
     listed = {line.split()[0] for line in scenarios.splitlines()[1:] if line.strip()}
     assert listed == {row.name for row in describe()}
     assert "x-fault: NAME" in done.stdout

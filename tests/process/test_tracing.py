@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (issue 13), exported by the SDK's own OTLP/HTTP exporter to a real receiver.
+"""OpenTelemetry traces, exported by the SDK's own OTLP/HTTP exporter to a real receiver.
 
 The receiver is an aiohttp server on loopback that accepts `POST /v1/traces` and decodes the protobuf
 body with `opentelemetry-proto`, as a collector would. The upstream is a hand-made server that records
@@ -329,7 +329,7 @@ async def test_a_refused_connection_is_a_plain_error_span(
     assert seen == []  # nothing went upstream
 
 
-# Issue 22, finding 1: what the client and the upstream send is bounded in spans as in the log line.
+# What the client and the upstream send is bounded in spans as in the log line.
 async def test_client_strings_in_spans_are_cut_and_escaped_as_in_the_log(
     traced: tuple[Proxy, Receiver, list[dict[str, str]]], http: aiohttp.ClientSession
 ) -> None:
@@ -367,7 +367,7 @@ async def test_the_sdk_attribute_limit_is_set_when_the_operator_set_none(
     assert len(attributes(receiver.span("probe").attributes)["x"]) == MAX_ATTRIBUTE_LENGTH
 
 
-# Issue 22, finding 2: the SDK's own messages are structured log lines of the proxy.
+# The SDK's own messages are structured log lines of the proxy.
 async def test_sdk_log_records_go_through_the_proxy_s_logger(
     traced: tuple[Proxy, Receiver, list[dict[str, str]]], http: aiohttp.ClientSession
 ) -> None:

@@ -332,7 +332,7 @@ def test_a_taken_port_stops_the_supervisor_with_one_line(reuse_port: bool, which
              *(str(part) for item in ports.items() for part in item), "--workers", "2"],
             capture_output=True, text=True, timeout=WAIT, env=env,
         )
-    assert done.returncode == 2  # issue 21: a start-up failure, like a bad flag
+    assert done.returncode == 2  # a start-up failure, like a bad flag
     assert done.stdout == ""
     assert done.stderr.splitlines() == [
         f"streamwarden serve: cannot listen on 127.0.0.1:{port} ({which}): address already in use"
@@ -439,7 +439,7 @@ async def test_workers_that_keep_dying_are_restarted_with_a_back_off(
 
 
 async def test_a_hung_worker_is_killed_and_replaced(fake_upstream: FakeUpstream) -> None:
-    """Issue 22, finding 6: a SIGSTOPped worker keeps its accept queue; only its silence tells.
+    """A SIGSTOPped worker keeps its accept queue; only its silence tells.
 
     Before: the supervisor reacted to exits only; /readyz said 200 and 8 of 20 new requests hung.
     """

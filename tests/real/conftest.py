@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import vllm_tier
 from llama import CHARS, TINY, WIDE, LlamaServer, binary_path, build_binary, write_model
+from support.backend import BackendProcess
 from vllm_tier import VllmServer
+
+Server = TypeVar("Server", bound=BackendProcess)
 
 
 def _required() -> bool:
@@ -97,16 +100,21 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _serve(binary: Path, model: Path, log: Path) -> Iterator[LlamaServer]:
-    # No prompt cache: the direct and the proxied request must be computed alike (usage included).
+def _serving(start: Callable[[], Server]) -> Iterator[Server]:
+    """A fixture's server: a start that fails fails the test with the server's log; stopped after."""
     try:
-        server = LlamaServer.start(binary, model, log, "--no-cache-prompt")
+        server = start()
     except (RuntimeError, subprocess.SubprocessError) as exc:
         pytest.fail(str(exc))
     try:
         yield server
     finally:
         server.stop()
+
+
+def _serve(binary: Path, model: Path, log: Path) -> Iterator[LlamaServer]:
+    # No prompt cache: the direct and the proxied request must be computed alike (usage included).
+    yield from _serving(lambda: LlamaServer.start(binary, model, log, "--no-cache-prompt"))
 
 
 @pytest.fixture(scope="session")
@@ -155,14 +163,7 @@ def vllm_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def _serve_vllm(python: Path, model: Path, log: Path) -> Iterator[VllmServer]:
-    try:
-        server = VllmServer.start(python, model, log)
-    except (RuntimeError, subprocess.SubprocessError) as exc:
-        pytest.fail(str(exc))
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serving(lambda: VllmServer.start(python, model, log))
 
 
 @pytest.fixture(scope="session")

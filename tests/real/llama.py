@@ -9,17 +9,13 @@ greedy decoding (temperature 0) makes every answer the same twice: what the equa
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from support.backend import BackendProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-llama-server.sh"
@@ -161,24 +157,10 @@ def write_model(path: Path, shape: ModelShape) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class LlamaServer:
+class LlamaServer(BackendProcess):
     """One llama-server process on a loopback port, stopped by its PID."""
 
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-    model: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
+    name = "llama-server"
 
     @classmethod
     def start(cls, binary: Path, model: Path, log: Path, *extra: str, within: float = 60.0) -> LlamaServer:
@@ -187,41 +169,7 @@ class LlamaServer:
             str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--metrics",
             "--ctx-size", "512", "--parallel", "1", "--threads", "2", "--seed", "42", "--no-webui", *extra,
         ]
-        with log.open("wb") as sink:
-            process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        server = cls(process, f"http://127.0.0.1:{port}", log, model)
-        server.wait_healthy(within)
-        return server
-
-    def wait_healthy(self, within: float) -> None:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.process.returncode}: {self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"llama-server was not healthy within {within} s: {self.tail()}")
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        return cls.launch(args, port, log, model, within=within)
 
 
 def parse_metric(text: str, name: str) -> float:

@@ -5,19 +5,12 @@ report committed for docs/reference.md still holds for this build."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import orjson
 import pytest
 from llama import LlamaServer
-
-from proxy.tools.check.options import CheckOptions
-from proxy.tools.check.report import PROBE_IDS
-from proxy.tools.check.run import run_check
+from support.real_check import assert_committed, checked
 
 pytestmark = pytest.mark.real
 
-COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "check" / "llama-server.json"
 EXPECTED = {
     "dialect.chat_completions": "ok",
     "dialect.completions": "ok",
@@ -37,11 +30,7 @@ EXPECTED = {
 
 @pytest.mark.timeout(300)  # a run is about 10 s here; the replay probe waits for a run-on on a busy machine
 async def test_check_reports_what_llama_server_really_does(llama_wide: LlamaServer) -> None:
-    report = await run_check(CheckOptions(llama_wide.url, timeout=60.0))
-    print("\n" + "\n".join(f"{f.id}: {f.result}: {f.detail}" for f in report.probes))
-    assert [f.id for f in report.probes] == list(PROBE_IDS)
-    assert {f.id: f.result for f in report.probes} == EXPECTED
-    assert report.server is not None
+    report = await checked(llama_wide.url, EXPECTED)
     assert report.server.startswith("llama.cpp llama-server")
     assert report.model == str(llama_wide.model)  # llama-server names its model by the file's path
     details = {f.id: f.detail for f in report.probes}
@@ -52,8 +41,4 @@ async def test_check_reports_what_llama_server_really_does(llama_wide: LlamaServ
     assert "prefix llamacpp:" in details["metrics"]
     assert report.recommended_flags == ["--cancel-hook llama-conversation", "--health-path /health"]
 
-    committed = orjson.loads(COMMITTED.read_bytes())  # what docs/reference.md's Tested against table shows
-    assert {p["id"]: (p["result"], p["flags"]) for p in committed["probes"]} == {
-        f.id: (f.result, list(f.flags)) for f in report.probes
-    }
-    assert committed["recommended_flags"] == report.recommended_flags
+    assert_committed(report, "llama-server.json")

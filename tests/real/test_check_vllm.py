@@ -5,19 +5,12 @@ report committed for docs/reference.md (docs/check/vllm.json) still holds for th
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import orjson
 import pytest
+from support.real_check import assert_committed, checked
 from vllm_tier import VllmServer
-
-from proxy.tools.check.options import CheckOptions
-from proxy.tools.check.report import PROBE_IDS
-from proxy.tools.check.run import run_check
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
 
-COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "check" / "vllm.json"
 EXPECTED = {
     "dialect.chat_completions": "ok",
     "dialect.completions": "ok",
@@ -38,11 +31,7 @@ EXPECTED = {
 
 
 async def test_check_reports_what_vllm_really_does(vllm_server: VllmServer) -> None:
-    report = await run_check(CheckOptions(vllm_server.url, timeout=60.0))
-    print("\n" + "\n".join(f"{f.id}: {f.result}: {f.detail}" for f in report.probes))
-    assert [f.id for f in report.probes] == list(PROBE_IDS)
-    assert {f.id: f.result for f in report.probes} == EXPECTED
-    assert report.server is not None
+    report = await checked(vllm_server.url, EXPECTED)
     assert report.server.startswith("vLLM 0.32.0")
     assert report.model == "tiny"
     details = {f.id: f.detail for f in report.probes}
@@ -52,8 +41,4 @@ async def test_check_reports_what_vllm_really_does(vllm_server: VllmServer) -> N
     assert "prefix vllm:" in details["metrics"]
     assert report.recommended_flags == ["--health-path /health"]
 
-    committed = orjson.loads(COMMITTED.read_bytes())
-    assert {p["id"]: (p["result"], p["flags"]) for p in committed["probes"]} == {
-        f.id: (f.result, list(f.flags)) for f in report.probes
-    }
-    assert committed["recommended_flags"] == report.recommended_flags
+    assert_committed(report, "vllm.json")

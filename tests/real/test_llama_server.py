@@ -25,6 +25,7 @@ import orjson
 import pytest
 from llama import LlamaServer, parse_metric
 from support import Proxy, ProxyFactory
+from support.fidelity import abandon_after, normalise, openai_client
 
 from proxy.config import parse_hooks
 
@@ -34,19 +35,6 @@ MODEL = "tiny"
 PROMPT = "Say something."
 VOLATILE = frozenset({"id", "created", "created_at", "completed_at", "system_fingerprint", "timings", "item_id"})
 BOUND = 30.0  # seconds for any one exchange with the tiny model; only a hang exceeds it
-
-
-def normalise(value: Any) -> Any:
-    """A dumped SDK object without what differs between two identical requests."""
-    if isinstance(value, dict):
-        return {k: normalise(v) for k, v in value.items() if k not in VOLATILE}
-    if isinstance(value, list):
-        return [normalise(v) for v in value]
-    return value
-
-
-def openai_client(base: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=BOUND)
 
 
 def anthropic_client(base: str) -> anthropic.AsyncAnthropic:
@@ -64,7 +52,7 @@ async def ask(base: str, api: str, stream: bool, max_tokens: int = 24, prompt: s
                 extra_body={"temperature": 0},
             )
             return [e.model_dump() async for e in result] if stream else [result.model_dump()]
-    async with openai_client(base) as oai:
+    async with openai_client(base, BOUND) as oai:
         usage: dict[str, Any] = {"stream_options": {"include_usage": True}} if stream else {}
         if api == "chat_completions":
             result = await oai.chat.completions.create(
@@ -116,7 +104,7 @@ async def test_same_answer_direct_and_through(make_proxy: ProxyFactory, llama: L
     proxy = await make_proxy(upstream=llama.url)
     direct = await ask(llama.url, api, stream)
     through = await ask(proxy.url, api, stream)
-    assert normalise(through) == normalise(direct)
+    assert normalise(through, VOLATILE) == normalise(direct, VOLATILE)
     assert len(through) > (20 if stream else 0)  # a real stream: one event per token, and more
     line = (await proxy.settled())[-1]
     assert (line["outcome"], line["reason"], line["api"], line["stream"]) == ("ok", "complete", api, stream)
@@ -146,18 +134,9 @@ async def predicted(http: aiohttp.ClientSession, server: LlamaServer, within: fl
             return parse_metric(await resp.text(), "llamacpp:tokens_predicted_total")
 
 
-async def abandon_after(base: str, received: int, headers: dict[str, str] | None = None) -> None:
-    """Stream 400 tokens, close the connection once `received` content events arrived."""
-    async with aiohttp.ClientSession() as http:
-        body = {"model": MODEL, "stream": True, "max_tokens": 400, "temperature": 0,
-                "messages": [{"role": "user", "content": PROMPT}]}  # fmt: skip
-        resp = await http.post(base + "/v1/chat/completions", json=body, headers=headers or {})
-        assert resp.status == 200
-        seen = 0
-        async with asyncio.timeout(BOUND):
-            while seen < received:
-                seen += b'"content"' in await resp.content.readuntil(b"\n\n")
-        resp.close()
+# The stream a client abandons: 400 tokens asked, far more than it reads before it leaves.
+ABANDONED = {"model": MODEL, "stream": True, "max_tokens": 400, "temperature": 0,
+             "messages": [{"role": "user", "content": PROMPT}]}  # fmt: skip
 
 
 async def generated_after_close(
@@ -167,7 +146,7 @@ async def generated_after_close(
     received = 20
     async with aiohttp.ClientSession() as http:
         before = await predicted(http, server)
-        await abandon_after(base, received, headers)
+        await abandon_after(base, ABANDONED, received, within=BOUND, headers=headers)
         await asyncio.sleep(0)  # (the count is read once the slot is free, however long that takes)
         return await predicted(http, server, within) - before - received
 
@@ -374,7 +353,7 @@ async def test_a_killed_server_ends_the_stream_with_the_dialects_error(
 ) -> None:
     proxy = await make_proxy(upstream=llama_victim.url)
     messages: Any = [{"role": "user", "content": PROMPT}]
-    async with openai_client(proxy.url) as oai, anthropic_client(proxy.url) as ant:
+    async with openai_client(proxy.url, BOUND) as oai, anthropic_client(proxy.url) as ant:
         stream: Any
         if api == "messages":
             stream = await ant.messages.create(model=MODEL, max_tokens=480, messages=messages, stream=True)
@@ -404,7 +383,7 @@ async def test_a_hung_server_is_a_stall_and_its_request_is_cancelled(
     proxy = await make_proxy(upstream=llama_victim.url, idle_timeout=5.0)
     async with aiohttp.ClientSession() as http:
         before = await predicted(http, llama_victim)
-        async with openai_client(proxy.url) as oai:
+        async with openai_client(proxy.url, BOUND) as oai:
             stream = await oai.chat.completions.create(
                 model=MODEL, max_tokens=480, messages=[{"role": "user", "content": PROMPT}], stream=True
             )

@@ -10,7 +10,6 @@ what it strips and stitches, what it counts), token for token.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +18,7 @@ import orjson
 import pytest
 from llama import LlamaServer
 from support import Proxy, ProxyFactory
-from support.cut_relay import BREAKS, CutRelay, Gate
+from support.cut_relay import BREAKS, CutRelay, Gate, read_gated
 
 pytestmark = pytest.mark.real
 
@@ -62,26 +61,12 @@ async def ask(base: str, api: str, gate: Gate | None = None, prompt: str = "Say 
             )
         else:
             stream = await client.completions.create(prompt=prompt, **common)
-        chunks: list[dict[str, Any]] = []
-        async for event in stream:
-            chunk = event.model_dump()
-            chunks.append(chunk)
-            texts = [(ch.get("delta") or {}).get("content") or ch.get("text") or "" for ch in chunk["choices"]]
-            if gate is not None and any(texts):
-                gate.saw_content()
+        chunks = await read_gated(stream, gate)
     key = "content" if api == "chat_completions" else "text"
     text = "".join((ch.get("delta") or ch).get(key) or "" for c in chunks for ch in c["choices"])
     usage = chunks[-1]["usage"]
     assert usage is not None, chunks[-1]
     return Answer(text, {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}, chunks)
-
-
-@pytest.fixture
-async def relays() -> AsyncIterator[list[CutRelay]]:
-    started: list[CutRelay] = []
-    yield started
-    for relay in started:
-        await relay.stop()
 
 
 async def through(make_proxy: ProxyFactory, llama: LlamaServer, relays: list[CutRelay], plan: list[str | None],

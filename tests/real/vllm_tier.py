@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
+
+from support.backend import BackendProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP_SCRIPT = REPO / "scripts" / "setup-vllm.sh"
@@ -75,14 +72,6 @@ def write_model(python: Path, folder: Path) -> Path:
     return folder
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -113,18 +102,14 @@ def _lower_session(pid: int) -> None:
         Path(f"/proc/{pid}/autogroup").write_text("10")
 
 
-@dataclass
-class VllmServer:
+class VllmServer(BackendProcess):
     """One `vllm serve` (API server, EngineCore and worker processes) on a loopback port."""
 
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-    model: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
+    name = "vLLM"
+    poll_every = 0.2
+    term_wait = 30.0  # SIGTERM to the API server: it stops its engine
+    tail_lines = 40
+    own_session = True  # so that stop() reaches the engine and worker it forks
 
     @classmethod
     def start(cls, python: Path, model: Path, log: Path, *extra: str, within: float = 540.0) -> VllmServer:
@@ -150,38 +135,10 @@ class VllmServer:
             "42",
             *extra,
         ]
-        with log.open("wb") as sink:
-            # Its own process group, so stop() reaches the engine and worker it forks.
-            process = subprocess.Popen(
-                args,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **ENV},
-                start_new_session=True,
-            )
-        server = cls(process, f"http://127.0.0.1:{port}", log, model)
-        _lower_session(process.pid)
-        try:
-            server.wait_healthy(within)
-        except BaseException:  # a failed start (or the test's timeout) leaves no vLLM behind
-            server.stop()
-            raise
-        return server
+        return cls.launch(args, port, log, model, within=within, env={**os.environ, **ENV})
 
-    def wait_healthy(self, within: float) -> None:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.process.returncode}: {self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"vLLM was not healthy within {within} s: {self.tail()}")
+    def spawned(self) -> None:
+        _lower_session(self.pid)
 
     def engine_pid(self) -> int:
         """The EngineCore process (a child of the API server, named `VLLM::EngineCore`)."""
@@ -189,24 +146,6 @@ class VllmServer:
             if "EngineCore" in _comm(child) or "EngineCore" in _cmdline(child):
                 return child
         raise LookupError(f"no EngineCore child of {self.pid}: {[(c, _comm(c)) for c in _children(self.pid)]}")
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """SIGTERM to the API server (it stops its engine), then the group for whatever is left."""
-        if self.process.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)  # the group is this server's own (start_new_session)
 
 
 def metric(text: str, name: str, **labels: str) -> float:

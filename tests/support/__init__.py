@@ -20,7 +20,7 @@ from proxy.exchange.state import ProxyState
 from proxy.server.serve import Server
 from proxy.tools.fake import Recorder
 
-__all__ = ["WAIT", "AiohttpServer", "FakeUpstream", "Proxy", "ProxyFactory", "ServeUpstream", "until"]
+__all__ = ["WAIT", "AiohttpServer", "FakeUpstream", "Proxy", "ProxyFactory", "ServeUpstream", "paused_stream", "until"]
 
 AiohttpServer = Callable[..., Awaitable[TestServer]]
 
@@ -89,3 +89,18 @@ async def until(predicate: Callable[[], bool], within: float = WAIT) -> None:
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 ServeUpstream = Callable[[Callable[[web.Request], Awaitable[web.StreamResponse]]], Awaitable[str]]
+
+
+def paused_stream(first: bytes, go_on: asyncio.Event) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """An upstream handler that streams `first`, then waits for `go_on` before it finishes the chat stream:
+    the test acts (or lets time pass) while the proxy has relayed only the first event."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(first)
+        await asyncio.wait_for(go_on.wait(), 10)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+        return resp
+
+    return handler

@@ -17,12 +17,11 @@ METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "streamwarden_tokens_total": ("counter", frozenset({"api", "model", "kind", "source"})),
     "streamwarden_upstream_up": ("gauge", frozenset()),
     "streamwarden_build_info": ("gauge", frozenset({"version"})),
-    # issue 13
     "streamwarden_inter_token_latency_seconds": ("histogram", frozenset({"api"})),
     "streamwarden_time_per_output_token_seconds": ("histogram", frozenset({"api"})),
     "streamwarden_aborts_total": ("counter", frozenset({"api", "phase"})),
     "streamwarden_abort_wait_seconds": ("histogram", frozenset({"api"})),
-    # issue 12: --cancel-hook calls that failed
+    # --cancel-hook calls that failed
     "streamwarden_cancel_hook_failures_total": ("counter", frozenset({"api", "reason"})),
     # --resume-on-cut
     "streamwarden_stream_resumes_total": ("counter", frozenset({"api", "reason", "result"})),

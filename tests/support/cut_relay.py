@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from yarl import URL
 
-__all__ = ["BREAKS", "CutRelay", "Gate"]
+__all__ = ["BREAKS", "CutRelay", "Gate", "read_gated"]
 
 BREAKS = ("close", "stall", "stray")
 _STRAY_BODY = b'{"error":{"message":"the backend is restarting","code":503}}'
@@ -65,6 +66,20 @@ class Gate:
             self.open.set()
 
 
+
+async def read_gated(stream: AsyncIterable[Any], gate: Gate | None) -> list[dict[str, Any]]:
+    """An SDK stream's events, dumped; each one with text (a chat delta's or a completion's) is told to
+    `gate`, so that a gated `close` breaks the stream only after the client has it."""
+    chunks: list[dict[str, Any]] = []
+    async for event in stream:
+        chunk = event.model_dump()
+        chunks.append(chunk)
+        texts = [(ch.get("delta") or {}).get("content") or ch.get("text") for ch in chunk["choices"]]
+        if gate is not None and any(texts):
+            gate.saw_content()
+    return chunks
+
+
 @dataclass
 class CutRelay:
     """`plan[i]` is how the i-th streamed request is broken (None: relayed whole); later ones pass whole."""
@@ -73,7 +88,8 @@ class CutRelay:
     plan: Sequence[str | None]
     after: int = 5  # content events relayed before the break
     gate: Gate | None = None  # a `close` waits for the client to have what came before it
-    bodies: list[bytes] = field(default_factory=list)  # every request body, in order
+    bodies: list[bytes] = field(default_factory=list)  # every generation request's body, in order
+    tokenized: list[bytes] = field(default_factory=list)  # the bodies sent to /tokenize
     broken: int = 0  # responses broken so far
     _server: asyncio.Server | None = None
     _streams: int = 0
@@ -113,7 +129,7 @@ class CutRelay:
         request_line, headers = lines[0], [line.split(b":", 1) for line in lines[1:] if b":" in line]
         length = next((int(v) for k, v in headers if k.strip().lower() == b"content-length"), 0)
         body = await reader.readexactly(length)
-        self.bodies.append(body)
+        (self.tokenized if request_line.split(b" ")[1:2] == [b"/tokenize"] else self.bodies).append(body)
         target = URL(self.backend)
         up_reader, up_writer = await asyncio.open_connection(target.host, target.port)
         try:

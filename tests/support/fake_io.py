@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -19,6 +20,40 @@ from proxy.exchange.client_writer import ClientWriter
 from proxy.exchange.upstream import BodySink
 
 _Hook = Callable[[], None]
+
+
+class ClockLoop(asyncio.SelectorEventLoop):
+    """A loop whose `time()` only moves when the test says so: timers fire on `advance`, never by waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+_Loop = TypeVar("_Loop", bound=ClockLoop)
+
+
+def run(test: Callable[[_Loop], Coroutine[Any, Any, None]], loop_type: type[_Loop] = ClockLoop) -> None:  # type: ignore[assignment]
+    """Run one test on a fresh loop of `loop_type`: each test owns its clock."""
+    with asyncio.Runner(loop_factory=loop_type) as runner:
+        loop = runner.get_loop()
+        assert isinstance(loop, loop_type)
+        runner.run(test(loop))  # (bounded by pytest-timeout: the loop's clock is the test's)
+
+
+async def turns(n: int = 5) -> None:
+    """Let the loop run `n` rounds of ready callbacks (what a protocol schedules with call_soon)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def advance(loop: ClockLoop, seconds: float) -> None:
+    """Move the clock, then let the timers that are now due fire."""
+    loop.now += seconds
+    await turns()
 
 
 class FakeTransport(asyncio.Transport):

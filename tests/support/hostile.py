@@ -34,6 +34,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: all held open at once, so the kernel cannot hand one out twice."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+
+
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + WAIT
     while True:
@@ -292,6 +301,16 @@ def response(status: int, body: bytes, content_type: bytes = b"application/json"
     reason = {200: b"OK", 101: b"Switching Protocols"}.get(status, b"Whatever")
     return (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n"
             % (status, reason, content_type, len(body), extra)) + body
+
+
+MiB = 1024 * 1024
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def chat_json(content: str = "hi") -> bytes:
+    """A whole chat completion, as a raw upstream answers it."""
+    return orjson.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]})
 
 
 # ---- raw-socket clients ----------------------------------------------------------------------

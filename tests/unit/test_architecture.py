@@ -113,3 +113,17 @@ def test_there_is_no_import_cycle() -> None:
     for module in sorted(GRAPH):
         if module not in seen and (cycle := visit(module)):
             pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+def test_the_proxys_own_error_is_written_in_one_place() -> None:
+    """`reply.write_error` writes every error the proxy words; the only other whole response is an
+    upstream body passed on as it came (exchange/whole.py)."""
+    callers = {
+        _module_name(path)
+        for path in PACKAGE.rglob("*.py")
+        if "tools" not in path.parts and ".whole_now(" in path.read_text(encoding="utf-8")
+    }
+    assert callers == {"proxy.exchange.reply", "proxy.exchange.whole"}
+    whole = (PACKAGE / "exchange" / "whole.py").read_text(encoding="utf-8")
+    assert whole.count(".whole_now(") == 1
+    assert "error_body(" not in whole

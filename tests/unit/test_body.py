@@ -250,7 +250,7 @@ def test_error_in_own_anthropic_shape_passes() -> None:
 def test_an_error_carries_the_upstreams_own_message_for_the_log(
     content_type: str, body: bytes | dict[str, Any], message: str | None
 ) -> None:
-    """Issue 21: the log line of an upstream_4xx/5xx says what the backend said, in whatever shape."""
+    """The log line of an upstream_4xx/5xx says what the backend said, in whatever shape."""
     verdict = judge("chat_completions", 404, body, content_type)
     assert verdict.reason == "upstream_4xx"
     assert verdict.upstream_message == message

@@ -34,7 +34,7 @@ def test_generic_hook_with_a_json_body_escapes_the_values() -> None:
 
 @pytest.mark.parametrize("value", ["42", "[1,2,3]", "{}", "null", "true", 'x", "y": "z', "abc"])
 def test_an_unquoted_placeholder_is_always_a_json_string(value: str) -> None:
-    """Issue 22, finding 4: no id turns into a number, an array, an object, null, or a second field."""
+    """No id turns into a number, an array, an object, null, or a second field."""
     hook = parse_hook('POST /abort_request {"session_id": {conversation_id}, "rid": "{request_id}"}')
     call = hook.render("r", value)
     assert call is not None
@@ -48,7 +48,7 @@ def test_an_unquoted_placeholder_is_always_a_json_string(value: str) -> None:
      ("\udcff\udcfe", "%FF%FE")],  # header bytes that are not UTF-8 (aiohttp's surrogate escapes): as they came
 )
 def test_path_values_are_percent_encoded_dot_segments_included(value: str, segment: str) -> None:
-    """Issue 22, findings 3-4: `..` cannot climb out of the hook's path; any header bytes are safe."""
+    """`..` cannot climb out of the hook's path; any header bytes are safe."""
     call = parse_hook("DELETE /v1/stream/{conversation_id}/cancel").render("r", value)
     assert call is not None
     assert call.path == f"/v1/stream/{segment}/cancel"

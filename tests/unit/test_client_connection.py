@@ -4,37 +4,16 @@ drives, a loop whose clock the test moves (the header deadline, the keep-alive w
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
 from typing import Any
 
-from support.fake_io import FakeTransport
+import pytest
+from support.fake_io import ClockLoop, FakeTransport, run, turns
 
 from proxy.exchange.client import ClientRequest
-from proxy.server.connections import ClientConnection, ConnectionRules, MainPort
+from proxy.server.connections import LINGERING_SECONDS, ClientConnection, ConnectionRules, MainPort, State
 
 RULES = ConnectionRules(header_timeout=60.0, max_header_size=8192, max_connections=2, keepalive_timeout=75.0)
 GET = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
-
-
-class ClockLoop(asyncio.SelectorEventLoop):
-    def __init__(self) -> None:
-        super().__init__()
-        self.now = 1000.0
-
-    def time(self) -> float:
-        return self.now
-
-
-def run(test: Callable[[ClockLoop], Coroutine[Any, Any, None]]) -> None:
-    with asyncio.Runner(loop_factory=ClockLoop) as runner:
-        loop = runner.get_loop()
-        assert isinstance(loop, ClockLoop)
-        runner.run(test(loop))  # (bounded by pytest-timeout: the loop's clock is the test's)
-
-
-async def turns(n: int = 5) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
 
 
 class Books:
@@ -185,5 +164,163 @@ def test_writing_pauses_and_drains_through_the_flow_hooks() -> None:
         await turns()
         assert waiter.done()
         assert events == ["paused", "drained"]
+
+    run(test)
+
+
+# ---- the connection's states, one test per move ----------------------------------------------------
+
+POST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n"
+
+
+def test_a_keepalive_connection_moves_open_idle_and_open_again_at_the_next_first_byte() -> None:
+    async def test(loop: ClockLoop) -> None:
+        handler = Handler()
+        rules = ConnectionRules(header_timeout=100.0, max_header_size=8192, max_connections=2, keepalive_timeout=75.0)
+        connection, transport, _ = connect(handler, rules)
+        assert connection.state is State.OPEN
+        connection.data_received(GET)
+        await turns()
+        assert connection.state is State.OPEN
+        handler.answer(0)
+        await turns()
+        assert connection.state is State.IDLE
+        connection.data_received(GET[:5])
+        assert connection.state is State.OPEN
+        loop.now += 80.0  # (past the keep-alive deadline, which the first byte disarmed)
+        await turns()
+        assert connection.state is State.OPEN
+        assert not transport.closing
+        loop.now += 21.0
+        await turns()
+        assert connection.state is State.CLOSING  # the header deadline, from the first byte: a 408
+        assert b"HTTP/1.1 408 " in transport.data
+
+    run(test)
+
+
+def test_a_held_pipelined_head_ends_the_keepalive_wait() -> None:
+    async def test(loop: ClockLoop) -> None:
+        handler = Handler()
+        connection, transport, _ = connect(handler)
+        connection.data_received(GET + GET + GET)  # (one waits parsed, the third is held unparsed)
+        await turns()
+        handler.answer(0)
+        await turns()
+        assert len(handler.requests) == 2
+        assert connection.state is State.OPEN
+        loop.now += 80.0  # (past the keep-alive deadline: it was disarmed by the held head)
+        await turns()
+        assert not transport.closing
+        handler.answer(1)
+        await turns()
+        handler.answer(2)
+        await turns()
+        assert connection.state is State.IDLE
+
+    run(test)
+
+
+def test_an_upgrade_is_answered_then_closed() -> None:
+    async def test(loop: ClockLoop) -> None:
+        handler = Handler()
+        connection, transport, _ = connect(handler)
+        connection.data_received(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+        await turns()
+        assert connection.state is State.CLOSING
+        assert not transport.closing
+        handler.answer(0)
+        await turns()
+        assert transport.data.startswith(b"HTTP/1.1 200 OK")
+        assert transport.closing
+
+    run(test)
+
+
+def test_garbage_behind_a_request_is_answered_then_closed() -> None:
+    async def test(loop: ClockLoop) -> None:
+        handler = Handler()
+        connection, transport, _ = connect(handler)
+        connection.data_received(GET + b"\x00\x01 not http\r\n\r\n")
+        await turns()
+        assert connection.state is State.CLOSING
+        handler.answer(0)
+        await turns()
+        assert transport.data.count(b"HTTP/1.1 ") == 1
+        assert transport.closing
+
+    run(test)
+
+
+def test_an_answer_before_the_body_lingers_until_the_body_ends_then_closes() -> None:
+    async def test(loop: ClockLoop) -> None:
+        handler = Handler()
+        connection, transport, _ = connect(handler)
+        connection.data_received(POST + b"01234")
+        await turns()
+        handler.answer(0)
+        await turns()
+        assert connection.state is State.LINGERING
+        assert not transport.closing
+        connection.data_received(b"567")
+        assert connection.state is State.LINGERING
+        connection.data_received(b"89" + GET)  # (what follows is not parsed as a request)
+        assert connection.state is State.CLOSING
+        assert transport.closing
+        assert len(handler.requests) == 1
+
+    run(test)
+
+
+def test_a_lingering_close_ends_at_its_deadline() -> None:
+    async def test(loop: ClockLoop) -> None:
+        handler = Handler()
+        connection, transport, _ = connect(handler)
+        connection.data_received(POST + b"01234")
+        await turns()
+        handler.answer(0)
+        await turns()
+        loop.now += LINGERING_SECONDS - 0.5
+        await turns()
+        assert connection.state is State.LINGERING
+        loop.now += 1.0
+        await turns()
+        assert connection.state is State.CLOSING
+        assert transport.closing
+
+    run(test)
+
+
+def test_a_refused_head_while_idle_is_closing() -> None:
+    async def test(loop: ClockLoop) -> None:
+        handler = Handler()
+        connection, transport, _ = connect(handler)
+        connection.data_received(GET)
+        await turns()
+        handler.answer(0)
+        await turns()
+        assert connection.state is State.IDLE
+        connection.data_received(b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert connection.state is State.CLOSING
+        assert b"HTTP/1.1 405 " in transport.data
+        assert transport.closing
+
+    run(test)
+
+
+def test_the_loss_is_final_a_late_close_changes_nothing() -> None:
+    async def test(loop: ClockLoop) -> None:
+        handler = Handler()
+        connection, _, _ = connect(handler)
+        connection.data_received(GET)
+        await turns()
+        connection.connection_lost(None)
+        assert connection.state is State.CLOSED
+        connection.close_now()  # (the exchange, hearing the departure, closes too)
+        assert connection.state is State.CLOSED
+        with pytest.raises(ConnectionResetError):
+            await connection.drain()
+        handler.answer(0)
+        await turns()
 
     run(test)

@@ -59,7 +59,7 @@ def test_bad_values_name_the_flag(argv: list[str], names: str) -> None:
 
 @pytest.mark.parametrize("level", ["WARNING", "Info", "DEBUG", " error "])
 def test_log_levels_are_read_in_any_case(level: str) -> None:
-    """Issue 27: vLLM users type STREAMWARDEN_LOG_LEVEL=WARNING."""
+    """vLLM users type STREAMWARDEN_LOG_LEVEL=WARNING."""
     assert _config(["--upstream", "http://x"], {"STREAMWARDEN_LOG_LEVEL": level}).log_level == level.strip().lower()
     assert _config(["--upstream", "http://x", "--log-level", level]).log_level == level.strip().lower()
     with pytest.raises(ConfigError, match="--log-level"):
@@ -97,7 +97,7 @@ def test_redacted_upstream_hides_the_password() -> None:
     assert "user" in cfg.redacted_upstream()
 
 
-# --- issue 13: --otlp-endpoint -------------------------------------------------------------------------
+# --- --otlp-endpoint -------------------------------------------------------------------------
 
 
 def test_otlp_endpoint_is_off_by_default_and_read_from_flag_or_variables() -> None:

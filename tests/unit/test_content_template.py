@@ -9,13 +9,13 @@ path is fed, as are whole events and whole runs of events in one chunk.)
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.fast_path import NoFastPath, Outcome, outcome
 
 from proxy.core.dialects import DIALECTS, Dialect, Kind
 from proxy.core.dialects.chat import ChatStream
@@ -52,40 +52,8 @@ FINISH = event(obj({}, "stop"))
 DONE = b"data: [DONE]\n\n"
 
 
-@dataclass
-class Outcome:
-    data: bytes
-    content_events: int
-    first_content: int
-    done: bool
-    outcome: str | None
-    reason: str | None
-    failure: Any
-    events: int
-    rewrites: list[str]
-    usage: Any
-    finish_reasons: tuple[str, ...]
-    resume: str | None = None
-
-
-def outcome(guard: StreamGuard, steps: list[Step]) -> Outcome:
-    last = next((s for s in steps if s.done), Step())
-    return Outcome(
-        b"".join(s.data for s in steps), sum(s.content_events for s in steps), sum(s.first_content for s in steps),
-        any(s.done for s in steps), last.outcome, last.reason, last.failure, guard.events, guard.rewrites,
-        guard.usage, guard.usage.finish_reasons if guard.usage else (),
-        next((s.resume for s in steps if s.resume), None),
-    )
-
-
-class ParsedStream(ChatStream):
+class ParsedStream(NoFastPath, ChatStream):
     """The chat dialect without its fast path."""
-
-    def may_repeat(self) -> bool:
-        return False
-
-    def repeats(self, chunk: bytes, start: int, limit: int) -> tuple[int, int]:
-        return 0, start
 
 
 def feed(

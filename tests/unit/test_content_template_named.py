@@ -10,13 +10,13 @@ terminal event get the proxy's error frame, so its sequence number is compared t
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.fast_path import NoFastPath, Outcome, outcome
 
 from proxy.core.dialects import DIALECTS, Dialect, Kind
 from proxy.core.dialects.messages import MessagesStream
@@ -104,37 +104,12 @@ def m_around(mid: bytes) -> bytes:
 # ---- the harness ----------------------------------------------------------------------------------
 
 
-@dataclass
-class Outcome:
-    data: bytes
-    content_events: int
-    first_content: int
-    done: bool
-    outcome: str | None
-    reason: str | None
-    failure: Any
-    events: int
-    rewrites: list[str]
-    usage: Any
-    finish_reasons: tuple[str, ...]
-
-
-class ParsedResponses(ResponsesStream):
+class ParsedResponses(NoFastPath, ResponsesStream):
     """The dialect with no fast path: every event through the reader and one parse."""
 
-    def may_repeat(self) -> bool:
-        return False
 
-    def repeats(self, chunk: bytes, start: int, limit: int) -> tuple[int, int]:
-        return 0, start
-
-
-class ParsedMessages(MessagesStream):
-    def may_repeat(self) -> bool:
-        return False
-
-    def repeats(self, chunk: bytes, start: int, limit: int) -> tuple[int, int]:
-        return 0, start
+class ParsedMessages(NoFastPath, MessagesStream):
+    pass
 
 
 PARSED = {
@@ -147,12 +122,7 @@ def feed(chunks: list[bytes], dialect: str, *, hold: bool = False, parsed: bool 
     guard = StreamGuard(PARSED[dialect] if parsed else DIALECTS[dialect], hold=hold)
     steps: list[Step] = [guard.feed(c) for c in chunks]
     steps.append(guard.end_of_stream())
-    last = next((s for s in steps if s.done), Step())
-    return Outcome(
-        b"".join(s.data for s in steps), sum(s.content_events for s in steps), sum(s.first_content for s in steps),
-        any(s.done for s in steps), last.outcome, last.reason, last.failure, guard.events, guard.rewrites,
-        guard.usage, guard.usage.finish_reasons if guard.usage else (),
-    )
+    return outcome(guard, steps)
 
 
 def reference(events: list[bytes], dialect: str, **kw: Any) -> Outcome:

@@ -111,7 +111,7 @@ class Result:
     events: int
     content_events: int
     usage: Usage | None
-    upstream_message: str | None = None  # what the upstream said, for the log line (issue 21)
+    upstream_message: str | None = None  # what the upstream said, for the log line
 
 
 def drive(name: str, chunks: list[bytes], *, hold: bool, end: str | None = "eof") -> Result:

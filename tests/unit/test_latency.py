@@ -1,4 +1,4 @@
-"""Token latency (ITL, TPOT) and the abort phase: the sans-IO parts of issue 13, fed by hand."""
+"""Token latency (ITL, TPOT) and the abort phase: the sans-IO parts, fed by hand."""
 
 from __future__ import annotations
 

@@ -6,9 +6,21 @@ from collections.abc import Callable
 
 import pytest
 
-from proxy.core.dialects import DIALECTS
+from proxy.core.body import judge_body
+from proxy.core.dialects import DIALECTS, RequestInfo
 from proxy.core.guard import StreamGuard
-from proxy.core.lifecycle import REASONS, Answer, Close, Event, Lifecycle, Outcome, Phase, Reason, Reply
+from proxy.core.lifecycle import (
+    REASONS,
+    Answer,
+    Close,
+    Event,
+    Lifecycle,
+    Outcome,
+    Phase,
+    Reason,
+    Reply,
+    reason_for_status,
+)
 from proxy.core.record import ExchangeRecord
 
 R = Reason
@@ -209,3 +221,14 @@ def test_a_refusal_answers_with_its_own_status_where_the_reason_has_several(stat
     assert answer is not None
     assert (answer.reply, answer.status, answer.reason) == (Reply.STATUS, expected, R.BAD_REQUEST)
     assert (ex.outcome, ex.reason) == ("error", "bad_request")
+
+
+@pytest.mark.parametrize(("status", "reason"), [
+    (200, Reason.COMPLETE), (304, Reason.COMPLETE), (400, Reason.UPSTREAM_4XX), (429, Reason.UPSTREAM_4XX),
+    (499, Reason.UPSTREAM_4XX), (500, Reason.UPSTREAM_5XX), (503, Reason.UPSTREAM_5XX),
+])  # fmt: skip
+def test_an_upstream_status_is_one_reason_for_a_judged_body_and_a_copied_one(status: int, reason: Reason) -> None:
+    assert reason_for_status(status) is reason
+    if status >= 400:  # (a judged error body keeps the reason of its status)
+        judged = judge_body(DIALECTS["chat_completions"], RequestInfo(), status, "application/json", b"{}")
+        assert judged.reason is reason

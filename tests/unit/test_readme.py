@@ -25,7 +25,7 @@ def test_every_flag_is_documented(flag: str) -> None:
 
 def test_every_metric_is_documented() -> None:
     names = {metric.name for metric in Metrics().registry.collect()}
-    assert len(names) == 16  # design section 7, issue 13's four, issue 12's hook failures and issue 19's resumes
+    assert len(names) == 16  # design section 7, the latency and abort four, hook failures, resumes
     for name in names:
         suffix = "_total" if f"{name}_total" in README else ""
         assert f"`{name}{suffix}`" in README, name
@@ -37,7 +37,7 @@ def test_both_commands_are_shown() -> None:
 
 
 def test_the_first_screen_says_what_it_is_then_the_two_commands_then_the_demo() -> None:
-    """Issue 27: the first screen was the image build; `make run` was at line 119, `make test` at 367.
+    """The first screen was the image build; `make run` was at line 119, `make test` at 367.
     What it is, then `make run` and `make test` with what you see, then `make demo`; nothing of the
     operator's install in the first 40 lines."""
     lines = README.splitlines()[:40]
@@ -65,7 +65,7 @@ def test_the_first_screen_says_what_it_is_then_the_two_commands_then_the_demo() 
     assert README.index("## Install") > len(screen)
 
 
-# --- what moved out of the README (issue 14) ----------------------------------------------------------
+# --- what moved out of the README ----------------------------------------------------------
 
 ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs"
@@ -140,7 +140,7 @@ def test_the_readme_names_the_models_the_manifests_serve() -> None:
         assert f"`{found[1]}`" in README, f"the README does not name {found[1]} ({manifest})"
 
 
-# --- issue 21: the README in an operator's order, its links, the runbooks -------------------------------
+# --- the README in an operator's order, its links, the runbooks -------------------------------
 
 SECTIONS = [
     "## Run it and send a first request", "## Install", "## The sidecar", "## Flags", "## Metrics and logs",

@@ -357,7 +357,7 @@ def test_the_limit_and_refused_requests_are_booked_and_end_as_today() -> None:
 
 
 def test_each_continuation_is_booked_once_by_what_came_of_it() -> None:
-    """Issue 26, item 11: `resumed` when it carried the stream on, `failed` when it broke or errored."""
+    """`resumed` when it carried the stream on, `failed` when it broke or errored."""
     guard, resumer = resumed_guard(limit=2)
     run(guard, HEAD, [])
     assert guard.fail("stream_cut").resume == "stream_cut"
@@ -470,7 +470,7 @@ def test_a_one_prompt_list_and_an_absent_budget_are_continued_as_given() -> None
     assert body["prompt"] == [1, 5, 11, 12]  # a token prompt without the backend's prompt ids: its own
 
 
-# ---- counting tokens, not text chunks (issue 26 item 4, issue 25) --------------------------------
+# ---- counting tokens, not text chunks --------------------------------
 
 
 def vllm_head(pieces: list[str]) -> bytes:
@@ -481,7 +481,7 @@ def vllm_head(pieces: list[str]) -> bytes:
 
 
 def test_vllms_empty_deltas_count_as_the_tokens_they_are() -> None:
-    """Issue 25's cut: 22 tokens streamed, 17 of them empty chunks, for max_tokens 64: the
+    """A cut seen against vLLM: 22 tokens streamed, 17 of them empty chunks, for max_tokens 64: the
     continuation asks 42 (it asked 59), and the client's usage is the original prompt's and 22 + 42."""
     pieces = ["\ufffdWh", "", "", "", " a", "", "", "", "", "y", "", "", "", "", "", "", "", "b", "", "", "", "c"]
     assert (len(pieces), pieces.count("")) == (22, 17)
@@ -520,7 +520,7 @@ def test_upstream_usage_numbers_are_validated() -> None:
     assert bad[0]["usage"]["completion_tokens"] == -3  # not a count: passed as it came, never added to
 
 
-# ---- what a resumable exchange holds (issue 26, item 2) --------------------------------------------
+# ---- what a resumable exchange holds --------------------------------------------
 
 
 def test_a_resumer_holds_the_clients_bytes_not_their_parsed_objects() -> None:
@@ -548,7 +548,7 @@ def test_a_resumer_holds_the_clients_bytes_not_their_parsed_objects() -> None:
     assert sent["messages"][:-1] == request["messages"]
 
 
-# ---- the continuation keeps the client's bytes (issue 26, item 8) ----------------------------------
+# ---- the continuation keeps the client's bytes ----------------------------------
 
 
 def cut_resumer(raw: bytes, max_size: int | None = None, head: bytes = HEAD) -> tuple[StreamGuard, Resumer]:

@@ -1,8 +1,8 @@
 """The lifecycle decides what a streamed exchange's client is told, and the relay carries it out.
 
-Issue 28's repro, with the repo's own classes over fake sockets: the guard commits at the first
-content, shutdown comes while the status line is still to be sent. Before the fix the lifecycle
-answered STATUS (the writer had not sent the head) while the guard, from its own flag, wrote a 200,
+One case, with the repo's own classes over fake sockets: the guard commits at the first
+content, shutdown comes while the status line is still to be sent. The lifecycle must not answer
+STATUS (the writer has not sent the head) while the guard, from a flag of its own, writes a 200,
 the content and the shutdown frame. The exchange is committed once the 200 is due: the lifecycle
 answers FRAME, and that is what the client gets.
 """
@@ -16,8 +16,8 @@ from multidict import CIMultiDict
 from support.fake_io import Exchange, chat_chunk
 
 from proxy.core.lifecycle import Reason, Reply
-from proxy.exchange.interrupts import Cause, Interrupter
-from proxy.exchange.stream_io import relay_stream
+from proxy.exchange.errors import Cause, Interrupter
+from proxy.exchange.stream import relay_stream
 from proxy.exchange.upstream import UpstreamHead
 
 SSE_HEAD = UpstreamHead(200, "OK", CIMultiDict({"Content-Type": "text/event-stream"}), None)

@@ -5,16 +5,13 @@ a stalled client), in the manner of uvicorn's MockTransport and MockLoop tests."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 from multidict import CIMultiDict
-from support.fake_io import Exchange, chat_chunk
+from support.fake_io import ClockLoop, Exchange, advance, chat_chunk, run, turns
 
 from proxy.core.lifecycle import Cancellation, Reason, Reply
-from proxy.exchange.failures import UpstreamFailure
-from proxy.exchange.interrupts import Interrupter
-from proxy.exchange.stream_io import relay_stream
+from proxy.exchange.errors import Interrupter, UpstreamFailure
+from proxy.exchange.stream import relay_stream
 from proxy.exchange.upstream import UpstreamHead
 
 SSE_HEAD = UpstreamHead(200, "OK", CIMultiDict({"Content-Type": "text/event-stream"}), None)
@@ -22,34 +19,6 @@ FINISH = (b'data: {"id":"c1","object":"chat.completion.chunk",'
           b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n')
 DONE = FINISH + b"data: [DONE]\n\n"
 ROLE = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
-
-
-class ClockLoop(asyncio.SelectorEventLoop):
-    """A loop whose `time()` only moves when the test says so: timers fire on `advance`, never by waiting."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.now = 1000.0
-
-    def time(self) -> float:
-        return self.now
-
-
-def run(test: Callable[[ClockLoop], Coroutine[Any, Any, None]]) -> None:
-    with asyncio.Runner(loop_factory=ClockLoop) as runner:
-        loop = runner.get_loop()
-        assert isinstance(loop, ClockLoop)
-        runner.run(test(loop))  # (bounded by pytest-timeout: the loop's clock is the test's)
-
-
-async def turns(n: int = 5) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
-async def advance(loop: ClockLoop, seconds: float) -> None:
-    loop.now += seconds
-    await turns()
 
 
 class Running:

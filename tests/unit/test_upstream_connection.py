@@ -10,8 +10,8 @@ from multidict import CIMultiDict
 from support.fake_io import FakeTransport
 
 from proxy.core.lifecycle import Reason
-from proxy.exchange.failures import UpstreamFailure
-from proxy.server.upstream_conn import UpstreamConnection, encode_request
+from proxy.exchange.errors import UpstreamFailure
+from proxy.server.upstream_conn import Response, UpstreamConnection, encode_request
 
 REQUEST = encode_request("POST", "/v1/chat/completions", "backend", CIMultiDict(), b"{}")
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -129,3 +129,120 @@ async def test_pause_and_resume_reach_the_transport() -> None:
     assert not transport.reading
     connection.resume_reading()
     assert transport.reading
+
+
+# ---- the response's states, one test per move ----------------------------------------------------
+
+
+async def test_a_response_moves_idle_waiting_body_done_and_waiting_again_on_reuse() -> None:
+    connection, _, _ = _connection()
+    assert connection.response is Response.IDLE
+    waiter = connection.send(REQUEST, None, head_only=False)
+    assert connection.response is Response.WAITING
+    connection.data_received(HEAD)
+    assert connection.response is Response.BODY
+    await asyncio.wait_for(waiter, 5)
+    connection.attach(Sink())
+    connection.data_received(b"0\r\n\r\n")
+    assert connection.response is Response.DONE
+    connection.detach()
+    connection.send(REQUEST, None, head_only=False)
+    assert connection.response is Response.WAITING
+
+
+async def test_an_interim_head_is_its_own_state_and_the_real_head_follows() -> None:
+    connection, _, _ = _connection()
+    waiter = connection.send(REQUEST, None, head_only=False)
+    connection.data_received(b"HTTP/1.1 100 Continue\r\n")
+    connection.data_received(b"\r\n")
+    assert connection.response is Response.WAITING  # (its empty message ended with its head)
+    connection.data_received(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+    connection.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    head = await asyncio.wait_for(waiter, 5)
+    assert head.status == 200
+    assert "Link" not in head.headers  # (the interim's headers are not the response's)
+    assert connection.response is Response.DONE
+
+
+async def test_a_close_while_interim_fails_the_wait() -> None:
+    connection, _, _ = _connection()
+    waiter = connection.send(REQUEST, None, head_only=False)
+    connection.response = Response.INTERIM  # (llhttp ends a 1xx within the read: only a hand can stop it here)
+    connection.connection_lost(None)
+    assert connection.response is Response.FAILED
+    with pytest.raises(UpstreamFailure):
+        await asyncio.wait_for(waiter, 5)
+
+
+async def test_a_close_before_the_head_is_failed_and_never_sent_again() -> None:
+    connection, _, _ = _connection()
+    waiter = connection.send(REQUEST, None, head_only=False)
+    connection.connection_lost(None)
+    assert connection.response is Response.FAILED
+    with pytest.raises(UpstreamFailure):
+        await waiter
+    with pytest.raises(AssertionError):
+        connection.send(REQUEST, None, head_only=False)
+
+
+async def test_a_cut_body_is_failed_once_and_a_late_byte_only_closes() -> None:
+    connection, transport, _ = _connection()
+    waiter = connection.send(REQUEST, None, head_only=False)
+    connection.data_received(HEAD + b"zz\r\n")  # (not a chunk size)
+    await asyncio.wait_for(waiter, 5)
+    assert connection.response is Response.FAILED
+    assert transport.closing
+    sink = Sink()
+    connection.attach(sink)
+    assert sink.failure is not None
+    assert sink.failure.reason is Reason.BAD_UPSTREAM_RESPONSE
+    transport.closing = False
+    connection.data_received(b"more")
+    assert connection.response is Response.FAILED
+    assert transport.closing
+
+
+async def test_a_whole_response_stays_done_after_the_close_and_a_late_sink_hears_the_end() -> None:
+    connection, _, _ = _connection()
+    waiter = connection.send(REQUEST, None, head_only=False)
+    connection.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    await asyncio.wait_for(waiter, 5)
+    connection.connection_lost(None)
+    assert connection.response is Response.DONE
+    assert not connection.complete  # (but not reusable: the transport is gone)
+    sink = Sink()
+    connection.attach(sink)
+    assert sink.pieces == [b"ok"]
+    assert sink.ended
+
+
+async def test_a_body_framed_by_the_close_is_done_at_the_close() -> None:
+    connection, _, _ = _connection()
+    waiter = connection.send(REQUEST, None, head_only=False)
+    connection.data_received(b"HTTP/1.1 200 OK\r\n\r\nabc")
+    await asyncio.wait_for(waiter, 5)
+    assert connection.response is Response.BODY
+    sink = Sink()
+    connection.attach(sink)
+    connection.connection_lost(None)
+    assert connection.response is Response.DONE
+    assert sink.ended
+    assert not connection.reusable
+
+
+async def test_a_head_request_is_done_at_its_head() -> None:
+    connection, _, _ = _connection()
+    waiter = connection.send(REQUEST, None, head_only=True)
+    connection.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n")
+    await asyncio.wait_for(waiter, 5)
+    assert connection.response is Response.DONE
+    assert not connection.reusable
+
+
+async def test_a_send_while_a_response_is_under_way_is_refused() -> None:
+    connection, _, _ = _connection()
+    connection.send(REQUEST, None, head_only=False)
+    connection.data_received(HEAD)
+    assert connection.response is Response.BODY
+    with pytest.raises(AssertionError):
+        connection.send(REQUEST, None, head_only=False)

@@ -4,15 +4,15 @@ MockBackend) behind the loop's `create_connection`, and a clock the test moves (
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from multidict import CIMultiDict
-from support.fake_io import FakeTransport
+from support.fake_io import ClockLoop, FakeTransport, run, turns
 
 from proxy.core.lifecycle import Reason
-from proxy.exchange.failures import UpstreamFailure
+from proxy.exchange.errors import UpstreamFailure
 from proxy.server.upstream_conn import UpstreamConnection
 from proxy.server.upstream_pool import ConnectionPool
 
@@ -38,16 +38,14 @@ class ScriptedTransport(FakeTransport):
             self.loop.call_soon(self.protocol.connection_lost, None)
 
 
-class ClockLoop(asyncio.SelectorEventLoop):
+class BackendLoop(ClockLoop):
+    """A clock loop whose `create_connection` hands out scripted transports."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.now = 1000.0
         self.scripts: list[list[bytes]] = []
         self.connections: list[ScriptedTransport] = []
         self.refuse = False
-
-    def time(self) -> float:
-        return self.now
 
     async def create_connection(self, factory: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
         if self.refuse:
@@ -57,18 +55,6 @@ class ClockLoop(asyncio.SelectorEventLoop):
         self.connections.append(transport)
         protocol.connection_made(transport)
         return transport, protocol
-
-
-def run(test: Callable[[ClockLoop], Coroutine[Any, Any, None]]) -> None:
-    with asyncio.Runner(loop_factory=ClockLoop) as runner:
-        loop = runner.get_loop()
-        assert isinstance(loop, ClockLoop)
-        runner.run(test(loop))  # (bounded by pytest-timeout: the loop's clock is the test's)
-
-
-async def turns(n: int = 5) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
 
 
 class Sink:
@@ -98,7 +84,7 @@ async def fetch(pool: ConnectionPool) -> UpstreamConnection:
 
 
 def test_a_clean_connection_is_reused() -> None:
-    async def test(loop: ClockLoop) -> None:
+    async def test(loop: BackendLoop) -> None:
         loop.scripts = [[OK, OK]]
         pool = ConnectionPool("http://backend:8000", limit=0, connect_timeout=5.0)
         first = await fetch(pool)
@@ -107,11 +93,11 @@ def test_a_clean_connection_is_reused() -> None:
         assert second is first
         assert len(loop.connections) == 1
 
-    run(test)
+    run(test, BackendLoop)
 
 
 def test_a_connection_that_said_close_is_not_reused() -> None:
-    async def test(loop: ClockLoop) -> None:
+    async def test(loop: BackendLoop) -> None:
         loop.scripts = [[CLOSE], [OK]]
         pool = ConnectionPool("http://backend:8000", limit=0, connect_timeout=5.0)
         first = await fetch(pool)
@@ -120,11 +106,11 @@ def test_a_connection_that_said_close_is_not_reused() -> None:
         assert second is not first
         assert len(loop.connections) == 2
 
-    run(test)
+    run(test, BackendLoop)
 
 
 def test_past_the_limit_a_request_waits_for_a_connection_to_come_free() -> None:
-    async def test(loop: ClockLoop) -> None:
+    async def test(loop: BackendLoop) -> None:
         loop.scripts = [[OK, OK]]
         pool = ConnectionPool("http://backend:8000", limit=1, connect_timeout=5.0)
         first = await fetch(pool)
@@ -137,11 +123,11 @@ def test_past_the_limit_a_request_waits_for_a_connection_to_come_free() -> None:
         assert waiting.result() is first
         assert len(loop.connections) == 1
 
-    run(test)
+    run(test, BackendLoop)
 
 
 def test_an_idle_connection_is_dropped_after_the_keepalive() -> None:
-    async def test(loop: ClockLoop) -> None:
+    async def test(loop: BackendLoop) -> None:
         loop.scripts = [[OK]]
         pool = ConnectionPool("http://backend:8000", limit=0, connect_timeout=5.0, keepalive=4.0)
         pool.release(await fetch(pool))
@@ -153,11 +139,11 @@ def test_an_idle_connection_is_dropped_after_the_keepalive() -> None:
         assert loop.connections[0].closing
         assert pool.open_connections == 0
 
-    run(test)
+    run(test, BackendLoop)
 
 
 def test_a_reused_connection_is_dropped_a_keepalive_after_its_last_release() -> None:
-    async def test(loop: ClockLoop) -> None:
+    async def test(loop: BackendLoop) -> None:
         loop.scripts = [[OK, OK]]
         pool = ConnectionPool("http://backend:8000", limit=0, connect_timeout=5.0, keepalive=4.0)
         pool.release(await fetch(pool))
@@ -175,11 +161,11 @@ def test_a_reused_connection_is_dropped_a_keepalive_after_its_last_release() -> 
         assert loop.connections[0].closing
         assert pool.open_connections == 0
 
-    run(test)
+    run(test, BackendLoop)
 
 
 def test_a_refused_connect_is_connect_failed() -> None:
-    async def test(loop: ClockLoop) -> None:
+    async def test(loop: BackendLoop) -> None:
         loop.refuse = True
         pool = ConnectionPool("http://backend:8000", limit=1, connect_timeout=5.0)
         with pytest.raises(UpstreamFailure) as caught:
@@ -187,4 +173,4 @@ def test_a_refused_connect_is_connect_failed() -> None:
         assert caught.value.reason is Reason.CONNECT_FAILED
         assert pool.open_connections == 0
 
-    run(test)
+    run(test, BackendLoop)

@@ -2,7 +2,8 @@
 
 `rules` says whether a request may be continued at all and builds the continuation's body;
 `transcript` keeps what the client has received (text, token ids, the first chunk's identity);
-`stitch` rewrites the continuation's events so that the client sees one stream; `resumer` holds one
+`stitch` rewrites the continuation's events so that the client sees one stream; `count` asks the
+backend's tokenizer for the tokens so far where the stream did not say; `resumer` holds one
 exchange's budget and decisions.
 """
 

@@ -1,7 +1,8 @@
 """One exchange's resume budget and its decisions: the guard asks, the shell carries out.
 
 The guard calls `may_resume(reason, status)` where a committed stream would end with an error; a
-yes means the shell sends `body()` upstream and, when a stream answers, hands the guard
+yes means the shell sends `body()` upstream (first, where `count_request()` asks, the backend's
+`/tokenize`, whose answer goes to `counted()`) and, when a stream answers, hands the guard
 `started()`'s stitcher; otherwise it calls `failed()` and the guard ends as it would have. Each
 continuation sent is counted once in `decisions` (the `streamwarden_stream_resumes_total{reason,
 result}` counts): `resumed` when it carried the stream on, `failed` when it was answered with an
@@ -15,6 +16,7 @@ from typing import Any
 
 from proxy.core.dialects import DialectStream
 from proxy.core.dialects.chat import ChatStream
+from proxy.core.resume.count import answer_limit, read_count, tokenize_body
 from proxy.core.resume.rules import (
     BUDGETS,
     RESUMABLE_REASONS,
@@ -42,11 +44,19 @@ def _rule_fields(obj: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def _counts_matter(obj: dict[str, Any]) -> bool:
+    """The tokens so far change what the continuation or the client is told: a budget to lower, or
+    the usage chunk the client asked for."""
+    options = obj.get("stream_options")
+    usage = type(options) is dict and options.get("include_usage") is True
+    return usage or any(type(obj.get(key)) is int for key in (*BUDGETS, "min_tokens"))
+
+
 class Resumer:
     """Decides, for one streamed exchange, whether each break is continued (at most `limit` times)."""
 
-    __slots__ = ("_api", "_body", "_booked", "_fields", "_max_size", "_next", "_reason", "_running", "limit",
-                 "refusal", "resumes", "transcript")
+    __slots__ = ("_api", "_body", "_booked", "_counts", "_fields", "_max_size", "_model", "_next", "_reason",
+                 "_running", "limit", "refusal", "resumes", "transcript")
 
     def __init__(self, api: str, body: bytes | bytearray, limit: int, max_size: int | None = None) -> None:
         self._api = api
@@ -60,11 +70,14 @@ class Resumer:
         self.refusal: str | None = None  # why the last break was not continued
         self._reason: str | None = None  # the break being mended
         # The client's bytes (held for the send anyway), parsed again only when a continuation is due:
-        # a body of many small objects is ~20 times its size as Python objects (issue 26, item 2).
+        # a body of many small objects is ~20 times its size as Python objects.
         self._body = bytes(body)
         self._fields: dict[str, Any] | None = None  # the few fields a break's refusal rules read
+        self._counts = False  # the tokens so far must be counted, not guessed (see `count_request`)
+        self._model: object = None
         try:
-            self._fields = _rule_fields(parse_request(api, self._body))
+            obj = parse_request(api, self._body)
+            self._fields, self._counts, self._model = _rule_fields(obj), _counts_matter(obj), obj.get("model")
         except Refusal as exc:
             self.refusal = str(exc)
             self._body = b""
@@ -107,18 +120,54 @@ class Resumer:
                 self.refusal = why
                 return False
             return self._refuse(reason, why)
+        self._next = None
         try:
             cut_refusal(self._fields, self.transcript)
-            self._next = continuation_body(
-                self._api, parse_request(self._api, self._body), self.transcript, self._body, self._max_size
-            )
+            self._build()  # (uncounted: with the chunks' count, a lower bound, built again once counted)
         except Refusal as exc:
             return self._refuse(reason, str(exc))
         self._reason = reason
         return True
 
+    @property
+    def _uncounted(self) -> bool:
+        return self._counts and not self.transcript.counted
+
+    def _build(self) -> None:
+        self._next = continuation_body(
+            self._api, parse_request(self._api, self._body), self.transcript, self._body, self._max_size
+        )
+
+    def count_request(self) -> tuple[bytes, int] | None:
+        """After a yes: the `/tokenize` body the shell must send first, and the most bytes of its answer
+        to read; None when the stream's own count stands (token ids, per-chunk usage) or none matters."""
+        assert self._reason is not None
+        if not self._uncounted:
+            return None
+        text = self.transcript.text
+        return tokenize_body(self._model, text), answer_limit(text)
+
+    def counted(self, status: int, answer: bytes) -> bool:
+        """`/tokenize`'s answer: True when it counted the text (the continuation is built), else the
+        break is refused: without a count the continuation could ask for more than the budget left."""
+        assert self._reason is not None
+        text = self.transcript.text
+        try:
+            self.transcript.tokenized = (len(text), read_count(status, answer, text))
+            self._build()
+        except Refusal as exc:
+            self.uncounted(str(exc))
+            return False
+        return True
+
+    def uncounted(self, why: str) -> None:
+        """`/tokenize` was not answered (cut, too slow, too long): the break is refused."""
+        assert self._reason is not None
+        self._refuse(self._reason, why)
+        self._reason = None
+
     def body(self) -> bytes:
-        """The continuation request's body (after a yes)."""
+        """The continuation request's body (after a yes, and after `counted()` where it was asked)."""
         assert self._reason is not None
         assert self._next is not None
         return self._next

@@ -2,7 +2,7 @@
 sent as the client wrote it (a 30-digit integer stays an integer, duplicate keys stay, spacing stays).
 
 Re-serializing the parsed request turned big integers into floats, collapsed duplicate keys and
-changed the body's size (issue 26, item 8). Here the body, already known to be one JSON object, is
+changed the body's size. Here the body, already known to be one JSON object, is
 scanned for its top-level members, and only the values the continuation changes are replaced; new
 members go before the closing brace. A changed key that occurs twice is replaced everywhere except
 `messages`, whose last occurrence is the one a backend reads (last wins, as in Python's json).

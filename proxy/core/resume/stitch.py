@@ -4,9 +4,10 @@ Every chunk takes the first stream's identity (`id`, `created`, `model`, `system
 continuation's role chunk is dropped (the client had one); text a backend echoes back at the start
 (llama-server prefills a trailing assistant message and, in builds that ignore
 `continue_final_message`, sends the prefix again in its first delta) is cut off; every `usage`
-moves the tokens of the answer so far from the prompt, where the continuation counts them, back
-to the completion, so the totals are those of an uncut answer. Comments, `[DONE]`, errors and
-whatever is not a chunk pass untouched: the stream guard judges them as it judges any stream.
+moves the answer so far from the prompt, where the continuation counts it (as its text tokenizes),
+back to the completion (as the tokens that wrote it), so the totals are those of an uncut answer.
+Comments, `[DONE]`, errors and whatever is not a chunk pass untouched: the stream guard judges them
+as it judges any stream.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ __all__ = ["Stitcher"]
 class Stitcher:
     """One continuation's rewriter: feed it each event, forward what it returns (None: drop it)."""
 
-    __slots__ = ("_echo", "_identity", "_prompt", "_prompt_ids", "_shift")
+    __slots__ = ("_echo", "_identity", "_in_prompt", "_prompt", "_prompt_ids", "_shift")
 
     def __init__(self, transcript: Transcript) -> None:
         self._identity = dict(transcript.identity or {})
         # An echo is recognised only where no single token could look like one (see `_strip_echo`).
         self._echo: str | None = transcript.text if transcript.content_events >= 2 else None
-        self._shift = transcript.produced  # tokens the continuation counts as prompt
+        self._shift = transcript.produced  # tokens generated before the continuation
+        self._in_prompt = transcript.in_prompt  # the same text as the continuation's prompt counts it
         self._prompt_ids = transcript.prompt_token_ids
         ids = transcript.prompt_token_ids
         # The original prompt's tokens where the first stream said (token ids, per-chunk usage).
@@ -107,7 +109,7 @@ class Stitcher:
     def _move_tokens(self, usage: dict[str, Any]) -> None:
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if type(prompt) is int and type(completion) is int and prompt >= 0 and completion >= 0:
-            usage["prompt_tokens"] = self._prompt if self._prompt is not None else max(0, prompt - self._shift)
+            usage["prompt_tokens"] = self._prompt if self._prompt is not None else max(0, prompt - self._in_prompt)
             usage["completion_tokens"] = completion + self._shift
             if "total_tokens" in usage:
                 usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]

@@ -39,6 +39,7 @@ class Transcript:
         "prompt_tokens",
         "reported_completion",
         "token_ids",
+        "tokenized",
     )
 
     def __init__(self) -> None:
@@ -53,6 +54,22 @@ class Transcript:
         self.prompt_tokens: int | None = None  # the original prompt's tokens, where a chunk said
         self._usage_bad = False  # a per-chunk usage was not a count: none is trusted any more
         self.other_output = False  # output that is not text was received
+        self.tokenized: tuple[int, int] | None = None  # (characters of text, their tokens) by /tokenize
+
+    @property
+    def counted(self) -> bool:
+        """The stream itself said how many tokens it carried (token ids, per-chunk usage), or the
+        backend's tokenizer counted the text as it stands: else `produced` is only a lower bound."""
+        return (
+            self.exact_tokens is not None
+            or (self.reported_completion is not None and not self._usage_bad)
+            or self._tokenized() is not None
+        )
+
+    def _tokenized(self) -> int | None:
+        if self.tokenized is None or self.tokenized[0] != len(self.text):
+            return None
+        return self.tokenized[1]
 
     @property
     def text(self) -> str:
@@ -68,19 +85,34 @@ class Transcript:
     @property
     def produced(self) -> int:
         """Completion tokens received: exact from token ids, else the larger of per-chunk usage
-        (validated) and the chunks that carried a token.
+        (validated), or of the backend tokenizer's count of the text, and the chunks that carried a
+        token.
 
         A chunk is counted whether its text is empty or not: vLLM sends `"content": ""` for each
-        token that ends inside a multi-byte character (issue 25: 22 tokens, 17 of them such chunks,
-        had counted 5). A backend that batches several tokens per chunk without token ids or
-        per-chunk usage is still undercounted (see docs/resume.md).
+        token that ends inside a multi-byte character (22 tokens, 17 of them such chunks, had counted
+        5). Without ids, usage or a tokenizer's count this is a lower bound only (`counted` is False):
+        a backend may send several tokens per chunk.
         """
         exact = self.exact_tokens
         if exact is not None:
             return len(exact)
         if self.reported_completion is not None and not self._usage_bad:
             return max(self.reported_completion, self.chunks)
+        tokenized = self._tokenized()
+        if tokenized is not None:
+            return max(tokenized, self.chunks)
         return max(self.chunks, self.content_events)
+
+    @property
+    def in_prompt(self) -> int:
+        """The tokens the answer so far takes in a continuation's prompt: its ids where the prompt is
+        ids, the tokenizer's count where the backend tokenizes the text again (a model's own tokens
+        need not tokenize back to as many), else `produced`."""
+        exact = self.exact_tokens
+        if exact is not None:
+            return len(exact)
+        tokenized = self._tokenized()
+        return tokenized if tokenized is not None else self.produced
 
     def _note_usage(self, usage: dict[str, Any]) -> None:
         """Per-chunk usage is cumulative and never negative: anything else distrusts it for good."""

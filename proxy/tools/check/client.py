@@ -3,7 +3,7 @@ event by event with the proxy's own SSE reader, so a stray HTTP block or a cut i
 would see it. Every transport failure becomes ``Unreachable`` (before any answer) or is recorded on the
 stream (after), never a traceback.
 
-Bounded against a hostile or broken backend (issue 26): a body is read up to ``max_body`` bytes (more
+Bounded against a hostile or broken backend: a body is read up to ``max_body`` bytes (more
 is ``Overflow``, a kind of ``Unreachable``, so each probe reports it as a finding), and a stream up to
 ``max_body`` bytes and ``stream_deadline`` seconds in all (past either it is recorded as cut): a 1.5 GB
 ``/metrics``, a flood of events or one event a second forever cannot grow the check or hold it.

@@ -11,6 +11,7 @@ cancels the handler at once and shows up in ``app[RECORDER]``. Scenarios and the
 from proxy.tools.fake.app import RATE_HEADER, build_app, run
 from proxy.tools.fake.exchange import FakeSettings
 from proxy.tools.fake.faults import FAULT_HEADER, FAULT_KEY_HEADER, MODEL_PREFIX
+from proxy.tools.fake.quirks import STATS
 from proxy.tools.fake.recorder import RECORDER, Recorder, RequestRecord
 from proxy.tools.fake.scenarios import ScenarioInfo, describe
 
@@ -20,6 +21,7 @@ __all__ = [
     "MODEL_PREFIX",
     "RATE_HEADER",
     "RECORDER",
+    "STATS",
     "FakeSettings",
     "Recorder",
     "RequestRecord",

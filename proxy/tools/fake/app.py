@@ -7,9 +7,11 @@ after its client left, so a proxy's cancellation would only show up at the next 
 (stalled) handler would never notice at all.
 
 Endpoints (the ``/v1`` prefix is optional): ``POST chat/completions``, ``completions``, ``responses``,
-``messages``, ``embeddings``; ``GET models``, ``health``. Test helpers: ``/_fake/echo[/...]`` (any
-method; answers JSON ``method``, ``path`` and ``query`` (raw, still percent-encoded), ``headers`` (as
-received), ``raw_headers`` (ordered pairs), ``body`` (base64), ``request_id``),
+``messages``, ``embeddings``; ``GET models``, ``health``; ``POST /tokenize`` (vLLM's and
+llama-server's fields, one token per word; ``x-fault: ...;tokenize=MODE`` makes it hostile: ``huge``
+(a 16 MiB body), ``negative`` (count -5), ``junk`` (HTML), ``slow`` (never answers)). Test
+helpers: ``/_fake/echo[/...]`` (any method; answers JSON ``method``, ``path`` and ``query`` (raw,
+still percent-encoded), ``headers`` (as received), ``raw_headers`` (ordered pairs), ``body`` (base64), ``request_id``),
 ``GET /_fake/download?bytes=N[&chunk=K]`` (N deterministic bytes, byte ``i`` is ``i % 256``),
 ``GET /_fake/requests`` and ``GET /_fake/requests/{request_id}`` (records).
 """
@@ -41,6 +43,7 @@ from proxy.tools.fake.generation import (
     GENERATION_APIS,
     MAX_TOKENS,
     BadRequest,
+    count_text_tokens,
     parse_spec,
 )
 from proxy.tools.fake.quirks import (
@@ -55,7 +58,7 @@ from proxy.tools.fake.quirks import (
     unserved,
 )
 from proxy.tools.fake.recorder import RECORDER, Recorder, RequestRecord
-from proxy.tools.fake.scenarios import lookup, stream_normally
+from proxy.tools.fake.scenarios import HOLD_SECONDS, lookup, stream_normally
 
 __all__ = ["RATE_HEADER", "build_app", "run"]
 
@@ -78,6 +81,8 @@ def build_app(settings: FakeSettings = FakeSettings()) -> web.Application:  # no
     app.on_cleanup.append(cancel_run_ons)
     if settings.quirk != "no_metrics":
         app.router.add_get("/metrics", _metrics)
+    if settings.tokenize:
+        app.router.add_post("/tokenize", _tokenize)
     for prefix in ("", "/v1"):
         for api, path in (
             (API_CHAT, "/chat/completions"),
@@ -181,6 +186,8 @@ def _prepare(
             spec = spec.replace(include_usage=False)
         if fault is None:
             fault = _quirk_fault(quirk, api, spec.stream)
+        else:
+            spec = spec.replace(per=fault.integer("per", 1, minimum=1, maximum=64))
     record.scenario = fault.name if fault is not None else None
     exchange = Exchange(request, record, api=api, body=body, spec=spec, rate=_rate(request, settings), normal=normal)
     if fault is None:
@@ -255,6 +262,48 @@ async def _health(ex: Exchange) -> web.StreamResponse:
 async def _metrics(request: web.Request) -> web.Response:
     """The fake's own Prometheus page (not a recorded request: scrapes would crowd the records)."""
     return web.Response(text=metrics_text(request.app[STATS]), content_type="text/plain", charset="utf-8")
+
+
+_TOKENIZE_MODES = ("words", "huge", "negative", "junk", "slow")
+_HUGE_TOKENIZE = 16 * 1024 * 1024
+
+
+async def _tokenize(request: web.Request) -> web.StreamResponse:
+    """vLLM's `/tokenize` (``prompt``; llama-server's ``content``), or a hostile one (``tokenize=MODE``).
+
+    Not a recorded request: it carries the stream's X-Request-Id, whose record it would replace."""
+    body = await request.read()
+    fault = select_fault(request.headers, None)
+    try:
+        mode = fault.choice("tokenize", _TOKENIZE_MODES) if fault is not None else "words"
+        parsed = orjson.loads(body)
+    except (BadRequest, orjson.JSONDecodeError) as exc:
+        return web.json_response({"error": {"message": str(exc), "type": "BadRequestError"}}, status=400)
+    request.app[STATS].tokenized += 1
+    request.app[STATS].tokenize_asked.set()
+    text = parsed.get("prompt", parsed.get("content")) if isinstance(parsed, dict) else None
+    if not isinstance(text, str):
+        return web.json_response({"error": {"message": "'prompt' must be a string"}}, status=400)
+    if mode == "slow":
+        await asyncio.sleep(HOLD_SECONDS)
+    if mode == "junk":
+        return web.Response(text="<html>tokenizer on fire</html>", content_type="text/html")
+    if mode == "negative":
+        return web.json_response({"count": -5, "max_model_len": MAX_TOKENS, "tokens": []})
+    if mode == "huge":
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        piece = b"0," * 32 * 1024
+        try:
+            await response.write(b'{"tokens": [')
+            for _ in range(_HUGE_TOKENIZE // len(piece)):
+                await response.write(piece)
+            await response.write(b"0]}")
+        except ConnectionResetError:
+            pass  # (the reader stopped at its limit)
+        return response
+    count = count_text_tokens(text)
+    return web.json_response({"count": count, "max_model_len": MAX_TOKENS, "tokens": list(range(count))})
 
 
 async def _echo(ex: Exchange) -> web.StreamResponse:

@@ -40,13 +40,15 @@ class FakeSettings:
     ``token_rate`` paces content events (0: as fast as the socket takes them); a non-streamed answer
     waits as long as its tokens would take. ``tokens`` is the length of an answer when the request sets
     no max-tokens field. ``first_attempt_failures`` is ``fail_first``'s default number of failures.
-    ``quirk`` is a behaviour shown on every request (``proxy.tools.fake.quirks``).
+    ``quirk`` is a behaviour shown on every request (``proxy.tools.fake.quirks``). ``tokenize``: the
+    fake serves ``POST /tokenize`` (False: a backend without a tokenizer to ask, 404).
     """
 
     token_rate: float = 0.0
     tokens: int = 16
     first_attempt_failures: int = 1
     quirk: str | None = None
+    tokenize: bool = True
 
     def __post_init__(self) -> None:
         check_quirk(self.quirk)

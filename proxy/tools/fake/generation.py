@@ -27,6 +27,7 @@ __all__ = [
     "BadRequest",
     "GenSpec",
     "count_prompt_tokens",
+    "count_text_tokens",
     "parse_spec",
     "token_text",
 ]
@@ -86,7 +87,9 @@ class GenSpec:
     default (``"stop"``). Anthropic makes ``max_tokens`` mandatory, so for ``messages`` it only caps the
     default length (``max_tokens`` ≥ default: the default and ``end_turn``). ``pad`` makes content event
     ``pad[0]`` longer by ``pad[1]`` bytes (``oversized_event``). ``start`` is the word the answer begins
-    at (a continued assistant message), ``echo`` text put in front of the first content event.
+    at (a continued assistant message), ``echo`` text put in front of the first content event. ``per``
+    tokens go in each content event (a backend that batches them: speculative decoding, a stream
+    interval); the usage still counts tokens.
     """
 
     api: str
@@ -102,6 +105,7 @@ class GenSpec:
     pad: tuple[int, int] | None = None
     start: int = 0
     echo: str = ""
+    per: int = 1
 
     @property
     def choices(self) -> int:
@@ -116,6 +120,8 @@ class GenSpec:
         texts = [token_text(self.start + i) for i in range(self.tokens)]
         if self.echo and texts:
             texts[0] = self.echo + texts[0]
+        if self.per > 1:
+            texts = ["".join(texts[i : i + self.per]) for i in range(0, len(texts), self.per)]
         if self.pad is not None and 0 <= self.pad[0] < len(texts):
             texts[self.pad[0]] += "x" * max(0, self.pad[1])
         return texts
@@ -160,6 +166,11 @@ def parse_spec(api: str, body: object, request_id: str, default_tokens: int) -> 
         include_usage=include_usage and api in (API_CHAT, API_COMPLETIONS),
         prompt_tokens=count_prompt_tokens(body),
     )
+
+
+def count_text_tokens(text: str) -> int:
+    """The fake's tokenizer: one token per word (each content event of ``per=1`` is one word)."""
+    return len(text.split())
 
 
 def count_prompt_tokens(body: dict[str, Any]) -> int:

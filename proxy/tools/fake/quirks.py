@@ -101,6 +101,8 @@ class FakeStats:
 
     generated: int = 0
     running: int = 0
+    tokenized: int = 0  # /tokenize requests received
+    tokenize_asked: asyncio.Event = field(default_factory=asyncio.Event)  # set at the first
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 

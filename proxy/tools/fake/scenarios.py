@@ -59,6 +59,9 @@ ALL = GENERATION | {API_EMBEDDINGS, API_MODELS}
 HOLD_SECONDS = 600.0
 MAX_EVENT_SIZE = 256 * 1024 * 1024
 ERROR_MESSAGE = "fake upstream: generation failed"
+#: Parameters every scenario takes: ``per`` tokens (words) in each content event (1), and the mode of
+#: ``/tokenize`` for this request (``words``; ``huge``, ``negative``, ``junk``, ``slow``: hostile).
+COMMON_PARAMS = ("per", "tokenize")
 STRAY_BODY = {"error": {"message": "Service Unavailable: engine overloaded", "type": "server_error", "code": 503}}
 
 
@@ -395,7 +398,7 @@ def lookup(fault: Fault, api: str, stream: bool) -> Scenario:
         raise BadRequest(f'fault {fault.name!r} needs a streaming request ("stream": true)')
     if scenario.mode == "whole" and stream:
         raise BadRequest(f"fault {fault.name!r} needs a non-streaming request")
-    unknown = sorted(set(fault.params) - set(scenario.params))
+    unknown = sorted(set(fault.params) - set(scenario.params) - set(COMMON_PARAMS))
     if unknown:
         allowed = ", ".join(scenario.params) or "none"
         raise BadRequest(f"fault {fault.name!r} has no parameter {', '.join(unknown)} (parameters: {allowed})")

@@ -8,6 +8,12 @@ wakes that wait with its `Cause`: a reader raises `Interrupted`, a relay ends it
 is moved to now. The exchange turns each into its lifecycle's event (`told`): `interrupted` for
 shutdown, `client_gone` for a client that left (its connection fires it from `connection_lost`).
 The first cause wins, as the lifecycle's first ending does.
+
+The proxy's own small error tree is here too: the upstream connections (proxy/server/upstream_conn.py,
+upstream_pool.py) raise or deliver an `UpstreamFailure` that already names its reason; the exchange
+adds the two failures only it can see (its first-byte deadline, a body that stops arriving), and a
+`Refusal` when it will not forward. Everything past this boundary reasons about a `Reason` and a
+message, and no exception text or class name ever reaches a client.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import contextlib
 from collections.abc import Callable
 from enum import StrEnum
 
-from proxy.core.lifecycle import Answer, Lifecycle
+from proxy.core.lifecycle import Answer, Lifecycle, Reason
 from proxy.exchange.deadline import Movable
 
-__all__ = ["Cause", "Interrupted", "Interrupter", "told"]
+__all__ = [
+    "Cause", "Interrupted", "Interrupter", "Refusal", "UpstreamFailure", "first_byte_timeout", "stalled", "told",
+]
 
 
 class Cause(StrEnum):
@@ -83,3 +91,27 @@ class Interrupter:
         if self._deadline is not None and not self._deadline.expired():
             with contextlib.suppress(RuntimeError):  # the wait just ended
                 self._deadline.reschedule(asyncio.get_running_loop().time())
+
+
+class Refusal(Exception):
+    """The proxy will not forward this request: a bad target, a body too large or too slow, no room."""
+
+    def __init__(self, reason: Reason, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.headers = reason, message, headers or {}
+
+
+class UpstreamFailure(Exception):
+    """The upstream (or the way to it) failed: no connection, no answer in time, broken HTTP, a cut."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+def first_byte_timeout(seconds: float) -> UpstreamFailure:
+    return UpstreamFailure(Reason.FIRST_BYTE_TIMEOUT, f"the upstream sent no response headers within {seconds:g} s")
+
+
+def stalled(seconds: float) -> UpstreamFailure:
+    return UpstreamFailure(Reason.STALL_TIMEOUT, f"the upstream sent nothing for {seconds:g} s")

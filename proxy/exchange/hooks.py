@@ -22,12 +22,16 @@ Forms (`--cancel-hook` is repeatable; `STREAMWARDEN_CANCEL_HOOK` holds one hook 
 client's `X-Conversation-Id` header (a hook that needs it is skipped when the request had none).
 Values are percent-encoded in the path (dots too) and always JSON strings in the body; ids longer
 than a request id may be (200 characters) are not sent (proxy/config.py renders the calls).
+
+`Background` holds the other tasks that outlive the handler that started them (a drain), kept
+referenced and ended on shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import aiohttp
@@ -36,10 +40,9 @@ from yarl import URL
 from proxy.config import CONVERSATION_HEADER, CancelHook, HookCall, UnsendableId
 from proxy.core.lifecycle import HOOKED_CANCELLATIONS, Cancellation
 from proxy.core.record import ExchangeRecord
-from proxy.exchange.background import Background
 from proxy.observe.metrics import CANCEL_HOOK_FAILURE_REASONS, Metrics
 
-__all__ = ["HOOK_FAILURE_REASONS", "HOOK_MAX_IN_FLIGHT", "CancelHooks"]
+__all__ = ["HOOK_FAILURE_REASONS", "HOOK_MAX_IN_FLIGHT", "Background", "CancelHooks"]
 
 HOOK_TIMEOUT = 2.0  # seconds for one hook call, connect included
 HOOK_MAX_IN_FLIGHT = 32  # calls at once (and so connections); a burst past it is dropped and counted
@@ -163,3 +166,28 @@ class CancelHooks:
         await self._tasks.close(grace=within)
         if self._session is not None:
             await self._session.close()
+
+
+class Background:
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def close(self, grace: float = 0.0) -> None:
+        """Give what still runs up to `grace` seconds, then cancel it and wait for it to unwind (its
+        `finally` writes its books)."""
+        if self._tasks and grace > 0:
+            await asyncio.wait(set(self._tasks), timeout=grace)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
