@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -73,10 +73,12 @@ def response_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str], *, body_
     return _end_to_end(headers, _DROP_REWRITTEN if body_rewritten else _DROP_RESPONSE)
 
 
-def is_chunked(transfer_encodings: Iterable[str]) -> bool:
+def is_chunked(transfer_encodings: Sequence[str]) -> bool:
     """A message is chunked when `chunked` is the final coding of its `Transfer-Encoding` list, matched
     as a whole token (RFC 9112 6.3): `chunked, gzip` and `xchunked` are not (a response is then framed
     by the close), however the word is spelled inside."""
+    if not transfer_encodings:  # (the common case: no such header)
+        return False
     codings = [token.strip().lower() for value in transfer_encodings for token in value.split(",")]
     codings = [token for token in codings if token]
     return bool(codings) and codings[-1] == "chunked"

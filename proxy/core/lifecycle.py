@@ -125,6 +125,8 @@ _TABLE: MappingProxyType[tuple[Phase, Event], tuple[Reason | None, str | None, s
     (Phase.RESPONDING_WHOLE, Event.INTERRUPTED): (Reason.SHUTDOWN, _CANCEL_BY_REASON, _FAIL, _N),
 })
 _ENGAGED = frozenset({Phase.AWAITING_HEADERS, Phase.STREAMING, Phase.RESPONDING_WHOLE})
+_CLOSES = {str(close): close for close in Close}  # (a dict look-up: an Enum's call costs ~1 µs each)
+_REPLIES = {str(reply): reply for reply in Reply}
 _CANCEL_WORDS = {_NO_CANCEL: "no", _CANCEL_CLIENT: "yes (or drain, with --on-abandon drain)",
                  _CANCEL_BY_REASON: "by reason"}  # fmt: skip
 _REPLY_WORDS = {_FAIL: "fail: a status before the commit; after it a frame (stream) or a cut (whole body)",
@@ -230,7 +232,7 @@ class Lifecycle:
         final = fixed or reason
         assert final is not None
         cancel, drain = self._cancel(cancel_rule, final)
-        closing = Close(close) if close != _CLOSE_BY_REASON else Close.NOW if final in _CLOSES_NOW else Close.AFTER
+        closing = _CLOSES[close] if close != _CLOSE_BY_REASON else Close.NOW if final in _CLOSES_NOW else Close.AFTER
         answer = Answer(final, cancel, drain, self._reply(reply, final), code, closing)
         self.ended, self.ended_in = answer, self.phase
         self.phase = Phase.FINISHED
@@ -259,7 +261,7 @@ class Lifecycle:
         if reply == _FAIL_IF_ERROR:
             reply = Reply.NOTHING if REASONS[reason][0] is Outcome.OK else _FAIL
         if reply != _FAIL:
-            return Reply(reply)
+            return _REPLIES[reply]
         if not self.committed:
             return Reply.STATUS
         return Reply.FRAME if self.phase is Phase.STREAMING else Reply.CUT

@@ -22,6 +22,13 @@ class BodyBudget:
         self.used = 0
         self._waiters: list[asyncio.Future[None]] = []
 
+    def take_now(self, size: int) -> bool:
+        """Reserve `size` bytes if there is room now (no coroutine to await: the common case)."""
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
     async def take(self, size: int) -> bool:
         """Reserve `size` bytes; False when no room came within the wait."""
         if size > self.limit:

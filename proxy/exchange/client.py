@@ -92,10 +92,11 @@ class ClientRequest:
         self.departed = False
         self._on_departure: _Hook | None = None
 
-    def on_departure(self, hook: _Hook) -> None:
-        """`hook` is the exchange's: called when the client leaves (at once if it has)."""
+    def on_departure(self, hook: _Hook | None) -> None:
+        """`hook` is the exchange's: called when the client leaves (at once if it has); None when the
+        exchange is over (the hook holds the exchange, which holds this request: a cycle)."""
         self._on_departure = hook
-        if self.departed:
+        if self.departed and hook is not None:
             hook()
 
     def depart(self) -> None:

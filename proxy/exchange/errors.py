@@ -24,6 +24,7 @@ from collections.abc import Callable
 from enum import StrEnum
 
 from proxy.core.lifecycle import Answer, Lifecycle, Reason
+from proxy.exchange.deadline import Movable
 
 __all__ = [
     "Cause", "Interrupted", "Interrupter", "Refusal", "UpstreamFailure", "first_byte_timeout", "stalled", "told",
@@ -54,7 +55,7 @@ class Interrupter:
     def __init__(self) -> None:
         self.cause: Cause | None = None
         self._on_fire: Callable[[Cause], None] | None = None
-        self._deadline: asyncio.Timeout | None = None
+        self._deadline: Movable | None = None
 
     @property
     def fired(self) -> bool:
@@ -70,12 +71,16 @@ class Interrupter:
         if self.cause is not None:
             on_fire(self.cause)
 
-    def watch_deadline(self, deadline: asyncio.Timeout) -> None:
+    def watch_deadline(self, deadline: Movable) -> None:
         """The exchange waits under `deadline` (for the upstream's headers); firing moves it to now,
         and the wait's TimeoutError is then read as `Interrupted` (see `fired`)."""
         self._on_fire, self._deadline = None, deadline
         if self.cause is not None:
             deadline.reschedule(asyncio.get_running_loop().time())
+
+    def forget(self) -> None:
+        """The exchange is over: what it waited on is no longer woken (nor held)."""
+        self._on_fire, self._deadline = None, None
 
     def fire(self, cause: Cause = Cause.SHUTDOWN) -> None:
         if self.cause is not None:

@@ -24,6 +24,7 @@ from proxy.core.record import ExchangeRecord
 from proxy.core.resume import RESUMABLE_APIS, Resumer
 from proxy.exchange.client import ClientRequest
 from proxy.exchange.client_writer import ClientStalled, ClientWriter
+from proxy.exchange.deadline import Deadline
 from proxy.exchange.drain import drain
 from proxy.exchange.errors import Cause, Interrupted, Interrupter, Refusal, UpstreamFailure, first_byte_timeout, told
 from proxy.exchange.reply import carry_out, settle
@@ -119,6 +120,8 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
             state.untrack(flight.interrupter)
             state.books.finish(ex)
             state.cancel_hooks.fire(ex, request.headers)  # --cancel-hook: after a cancelled upstream
+            flight.interrupter.forget()  # no cycle outlives the exchange: refcounting frees it, not the GC
+        request.on_departure(None)
 
 
 async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) -> None:
@@ -137,7 +140,7 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     data = body if body or request.method not in _NO_BODY_METHODS else None
     life.sent()
     try:
-        async with asyncio.timeout(cfg.first_byte_timeout) as deadline:
+        async with Deadline(state.loop, cfg.first_byte_timeout) as deadline:
             flight.interrupter.watch_deadline(deadline)
             sending = state.upstream.request(request.method, target, headers, data)
             if life.drain_on_abandon:  # the request must outlive this handler if its client leaves

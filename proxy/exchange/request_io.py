@@ -43,7 +43,7 @@ async def read_body(
     limit, announced = cfg.max_body_size, request.content_length
     if announced is not None and announced > limit:
         raise Refusal(Reason.BODY_TOO_LARGE, f"request body of {announced} bytes exceeds the limit of {limit} bytes")
-    if announced and not await budget.take(announced):
+    if announced and not budget.take_now(announced) and not await budget.take(announced):
         raise Refusal(Reason.PROXY_OVERLOADED, _OVERLOADED, headers={"Retry-After": "1"})
     ex.body_reserved = announced or 0
     if request.headers.get("Expect", "").lower() == "100-continue" and request.version >= (1, 1):

@@ -38,6 +38,7 @@ class ProxyState:
     background: Background = field(default_factory=Background)  # tasks that outlive a handler (drains)
     cancel_hooks: CancelHooks = field(init=False)  # --cancel-hook
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    loop: asyncio.AbstractEventLoop = field(init=False)  # the server's (Server.start): asked for once, not per request
 
     def track(self, interrupter: Interrupter, ex: ExchangeRecord) -> None:
         self.live[interrupter] = ex

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from proxy.config import Config
-from proxy.exchange.client import ClientRequest
 from proxy.exchange.handler import handle
 from proxy.exchange.state import ProxyState
 from proxy.observe.books import Books
@@ -71,7 +71,4 @@ def build_main_server(state: ProxyState, max_connections: int | None = None) -> 
         keepalive_timeout=cfg.client_keepalive_timeout,
     )
 
-    async def exchange(request: ClientRequest) -> None:
-        await handle(request, state)
-
-    return MainPort(exchange, rules=rules, books=state.books)
+    return MainPort(partial(handle, state=state), rules=rules, books=state.books)  # (no coroutine layer between)

@@ -110,7 +110,7 @@ class Server:
         self.state.session = open_upstream_session(cfg)
         self.state.pool = open_upstream_pool(self.state)
         self.main_server = build_main_server(self.state, self.max_connections)
-        loop = asyncio.get_running_loop()
+        loop = self.state.loop = asyncio.get_running_loop()
         try:
             try:
                 self._main = await loop.create_server(
@@ -130,6 +130,9 @@ class Server:
         except StartupError:
             await self._close_after_failed_start()
             raise
+        hold = getattr(self.logger, "hold_lines", None)
+        if hold is not None:  # `proxy.observe.logs.Logger`: the lines of one loop turn in one write
+            hold(loop)
 
     async def _close_after_failed_start(self) -> None:
         """What `start` opened before it failed, closed, so nothing warns about it at exit."""
@@ -189,6 +192,12 @@ class Server:
         if state.books.tracing is not None:  # the last spans (the interrupted exchanges') go out, bounded
             left = max(_MIN_TRACING_SECONDS, bound - _EXIT_SECONDS - loop.time())
             await asyncio.to_thread(state.books.tracing.close, left)
+        self._release_lines()
+
+    def _release_lines(self) -> None:
+        release = getattr(self.logger, "release_lines", None)
+        if release is not None:
+            release()
 
     def _main_port(self) -> int | None:
         sockets = self._main.sockets if self._main is not None else ()
@@ -208,6 +217,14 @@ class Server:
     async def run(self, fd_limits: tuple[int, int] | None = None, on_started: Callable[[], None] | None = None) -> None:
         loop = asyncio.get_running_loop()
         await self.start()
+        try:
+            await self._run(loop, fd_limits, on_started)
+        finally:
+            self._release_lines()  # (no held line is lost when the loop stops on an error)
+
+    async def _run(
+        self, loop: asyncio.AbstractEventLoop, fd_limits: tuple[int, int] | None, on_started: Callable[[], None] | None
+    ) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         main_port, admin_port = self._main_port(), _bound_port(self._admin)

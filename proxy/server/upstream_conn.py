@@ -76,7 +76,7 @@ def encode_request(
 ) -> bytes:
     """The request head, `Host` first and `Content-Length` when there is a body."""
     lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"]
-    lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
+    lines += [f"{name}: {value}\r\n" for name, value in headers.items()]
     if body is not None:
         lines.append(f"Content-Length: {len(body)}\r\n")
     lines.append("\r\n")

@@ -47,6 +47,7 @@ class ConnectionPool:
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
         self._idle: list[UpstreamConnection] = []  # most recently used last
+        self._idle_since: dict[UpstreamConnection, float] = {}  # (loop time) each idle one's release
         self._all: set[UpstreamConnection] = set()
         self._opening = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -75,7 +76,9 @@ class ConnectionPool:
             link.close()
             return
         link.resume_reading()  # idle, it must still hear a stray byte (and then close)
-        link.idle_timer = link.loop.call_later(self.keepalive, link.close)
+        now = self._idle_since[link] = link.loop.time()
+        if link.idle_timer is None:  # (one left running from an earlier release is moved on when it fires)
+            link.idle_timer = link.loop.call_at(now + self.keepalive, self._expire, link)
         self._idle.append(link)
         self._wake_one()
 
@@ -90,6 +93,7 @@ class ConnectionPool:
         for connection in list(self._all):
             connection.close()
         self._idle.clear()
+        self._idle_since.clear()
 
     # ---- internals --------------------------------------------------------------------------------
 
@@ -97,9 +101,7 @@ class ConnectionPool:
         while True:
             while self._idle:
                 connection = self._idle.pop()
-                if connection.idle_timer is not None:
-                    connection.idle_timer.cancel()
-                    connection.idle_timer = None
+                self._idle_since.pop(connection, None)  # (its timer runs on: lazy, see `_expire`)
                 if connection.complete and connection.reusable:
                     return connection
                 connection.close()
@@ -142,8 +144,23 @@ class ConnectionPool:
             connection.close()
         return connection
 
+    def _expire(self, connection: UpstreamConnection) -> None:
+        """The idle timer: closes a connection idle for `keepalive` seconds. A connection's one timer
+        outlives its reuses (set again for the rest when it comes early), rather than a timer made
+        and cancelled per request."""
+        connection.idle_timer = None
+        since = self._idle_since.get(connection)
+        if since is None:
+            return  # in use: its next release sets a timer
+        due = since + self.keepalive
+        if connection.loop.time() < due:
+            connection.idle_timer = connection.loop.call_at(due, self._expire, connection)
+            return
+        connection.close()
+
     def _lost(self, connection: UpstreamConnection) -> None:
         self._all.discard(connection)
+        self._idle_since.pop(connection, None)
         if connection in self._idle:
             self._idle.remove(connection)
         self._wake_one()

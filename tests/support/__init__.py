@@ -72,6 +72,7 @@ class Proxy:
         """Wait until no exchange is in flight (their log lines are then written); return the lines."""
         async with asyncio.timeout(within):
             await self.state.idle.wait()
+        self.state.books.logger.write_held()  # (the last turn's lines, held until its end)
         return self.log_lines()
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:

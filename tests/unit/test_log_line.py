@@ -3,6 +3,7 @@ same cleaning, same level filter; only the timestamp's instant differs."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import re
 
@@ -54,3 +55,49 @@ def test_console_format_takes_the_chain() -> None:
     assert "request" in text
     assert "request_id=abc" in text
     assert not text.startswith("{")
+
+
+class _CountingFile(io.StringIO):
+    """A file that counts its writes (each one a system call on a real file)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+async def test_held_lines_go_out_in_one_write_per_loop_turn_in_their_order() -> None:
+    out = _CountingFile()
+    logger = make_logger("json", "debug", out)
+    logger.hold_lines(asyncio.get_running_loop())
+    for n in range(5):
+        logger.line("info", "request", {"n": n})
+        logger.warning("chain", n=n)  # structlog's chain: the same file, the same order
+    assert out.getvalue() == ""  # held until the turn ends
+    await asyncio.sleep(0)  # one turn
+    await asyncio.sleep(0)
+    lines = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    assert [(line["event"], line["n"]) for line in lines] == [(e, n) for n in range(5) for e in ("request", "chain")]
+    assert out.writes == 1
+
+
+async def test_releasing_writes_what_is_held_and_then_writes_through() -> None:
+    out = _CountingFile()
+    logger = make_logger("json", "debug", out)
+    logger.hold_lines(asyncio.get_running_loop())
+    logger.line("info", "request", {"n": 1})
+    logger.release_lines()  # shutdown's end: nothing held is lost
+    assert len(out.getvalue().splitlines()) == 1
+    logger.warning("stopped")
+    assert len(out.getvalue().splitlines()) == 2
+
+
+async def test_a_line_of_another_thread_is_written_at_once() -> None:
+    out = _CountingFile()
+    logger = make_logger("json", "debug", out)
+    logger.hold_lines(asyncio.get_running_loop())
+    await asyncio.to_thread(logger.warning, "tracing_error")
+    assert len(out.getvalue().splitlines()) == 1

@@ -142,6 +142,28 @@ def test_an_idle_connection_is_dropped_after_the_keepalive() -> None:
     run(test, BackendLoop)
 
 
+def test_a_reused_connection_is_dropped_a_keepalive_after_its_last_release() -> None:
+    async def test(loop: BackendLoop) -> None:
+        loop.scripts = [[OK, OK]]
+        pool = ConnectionPool("http://backend:8000", limit=0, connect_timeout=5.0, keepalive=4.0)
+        pool.release(await fetch(pool))
+        loop.now += 3.0
+        pool.release(await fetch(pool))  # the same connection, idle again from here
+        loop.now += 1.1  # the first release's keepalive is over, not this one's
+        await turns()
+        assert len(loop.connections) == 1
+        assert not loop.connections[0].closing
+        loop.now += 2.8
+        await turns()
+        assert not loop.connections[0].closing
+        loop.now += 0.2
+        await turns()
+        assert loop.connections[0].closing
+        assert pool.open_connections == 0
+
+    run(test, BackendLoop)
+
+
 def test_a_refused_connect_is_connect_failed() -> None:
     async def test(loop: BackendLoop) -> None:
         loop.refuse = True
