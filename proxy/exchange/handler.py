@@ -86,14 +86,14 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
             if state.draining:
                 raise Refusal(Reason.SHUTDOWN, _SHUTTING_DOWN)
             return await _exchange(request, state, flight)
-        except Refusal as exc:
-            ex.cause = exc.message[:_CAUSE_MAX]
-            return await _tell(flight, life.refused(exc.reason), exc.message, exc.headers)
-        except UpstreamFailure as exc:
-            ex.cause = exc.message[:_CAUSE_MAX]  # the client got it; the log line says it too
-            return await _tell(flight, life.upstream_failed(exc.reason), exc.message)
-        except Interrupted as exc:  # shutdown, or the client's departure, inside the wait it was in
-            return await _tell(flight, told(life, exc.cause), _SHUTTING_DOWN)
+        except Refusal as refusal:
+            ex.cause = refusal.message[:_CAUSE_MAX]
+            return await _tell(flight, life.refused(refusal.reason), refusal.message, refusal.headers)
+        except UpstreamFailure as failure:
+            ex.cause = failure.message[:_CAUSE_MAX]  # the client got it; the log line says it too
+            return await _tell(flight, life.upstream_failed(failure.reason), failure.message)
+        except Interrupted as interruption:  # shutdown, or the client's departure, inside the wait it was in
+            return await _tell(flight, told(life, interruption.cause), _SHUTTING_DOWN)
     except ClientStalled:
         return await _tell(flight, life.client_stalled(), "")
     except ConnectionError:  # a write found the client's socket closed before its close was noticed
