@@ -86,9 +86,9 @@ def exchange(sock: socket.socket, data: bytes, buffer: bytearray) -> int:
         size = int(match.group(1))
         while len(buffer) < size:
             buffer += _recv(sock)
-        body = bytes(buffer[:size])
+        events = buffer[:size].count(b"data:")
         del buffer[:size]
-        return body.count(b"data:")
+        return events
     body = bytearray()
     while True:  # chunked
         while b"\r\n" not in buffer:
