@@ -131,7 +131,8 @@ class ClientWriter:
     async def commit(self, head: ResponseHead, *, close: bool = False) -> None:
         """Send the status line and headers (once), and wait for the client to take them in."""
         self.commit_now(head, close=close)
-        await self.drained()
+        if self.paused:
+            await self.drained()
 
     def commit_now(self, head: ResponseHead, *, close: bool = False, hold: bool = False) -> None:
         """Hand the status line and headers to the transport (once): from here the exchange is
@@ -161,7 +162,8 @@ class ClientWriter:
         assert self.response is not None, "commit first"
         if not self.write_raw(data):
             raise ClientGone("the client closed the connection")
-        await self.drained()
+        if self.paused:
+            await self.drained()
 
     def write_raw(self, data: bytes) -> bool:
         """Write `data` as the next piece of the body, framed; False when the client is gone.
@@ -193,10 +195,15 @@ class ClientWriter:
 
     async def finish(self) -> None:
         """The body is complete: its end goes out (the last chunk, once), and the client takes it in."""
+        self.finish_now()
+        if self.paused:
+            await self.drained()
+
+    def finish_now(self) -> None:
+        """The body's end (the last chunk, once) handed to the transport; `drained` waits for the client."""
         if self._chunked and self._body_allowed() and not self._ended:
             self._ended = True
             self._send(b"0\r\n\r\n")
-        await self.drained()
 
     def whole_now(
         self,
@@ -247,6 +254,12 @@ class ClientWriter:
         if self._held_head:
             data, self._held_head = self._held_head + data, b""
         transport.write(data)
+
+    @property
+    def paused(self) -> bool:
+        """The client's transport is past its high-water mark: `drained` has something to wait for
+        (a caller that checks this first makes no coroutine on the common path)."""
+        return self.request.channel.writing_paused
 
     async def drained(self) -> None:
         """Until the client has taken in what was written (down to the transport's low-water mark)."""
