@@ -105,17 +105,24 @@ def head_refusal(
         return 505, _PHRASES[505]
     if method == "TRACE":
         return 405, _PHRASES[405]
-    names = [name.lower() for name, _ in headers]
-    hosts = names.count("host")
+    hosts = expects = 0
+    codings: list[str] = []
+    for name, value in headers:  # one pass, the names compared by length first (most are neither)
+        size = len(name)
+        if size == 4 and name.lower() == "host":
+            hosts += 1
+        elif size == 6 and name.lower() == "expect":
+            expects += 1
+        elif size == 17 and name.lower() == "transfer-encoding":
+            codings.append(value)
     if hosts > 1:
         return 400, "the request has more than one Host header"
     if hosts == 0 and version >= (1, 1):
         return 400, "an HTTP/1.1 request must have a Host header"
-    if names.count("expect") > 1:
+    if expects > 1:
         return 400, "the request has more than one Expect header"
     if not target.startswith("/") and "@" in target.partition("://")[2].split("/", 1)[0].split("?", 1)[0]:
         return 400, "the request target must not carry userinfo"
-    codings = [value for name, value in headers if name.lower() == "transfer-encoding"]
     if codings and version >= (1, 1) and ", ".join(codings).strip().lower() != "chunked":
         return 501, _NOT_CHUNKED
     return None
