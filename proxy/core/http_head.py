@@ -7,9 +7,17 @@ large_client_header_buffers bound it) and the header timeout knows when the head
 
 from __future__ import annotations
 
-__all__ = ["HeadScanner", "HeadTooLarge", "framing_error", "head_refusal", "request_line_refusal"]
+__all__ = ["HeadScanner", "HeadTooLarge", "framing_error", "head_end", "head_refusal", "request_line_refusal"]
 
-_ENDS = (b"\r\n\r\n", b"\n\n")
+
+def head_end(data: bytes) -> int:
+    """Where the first head in `data` ends: the index after its empty line (CRLF CRLF, or a bare LF
+    LF, which llhttp accepts too), or -1. The bare form is looked for only before the CRLF one."""
+    crlf = data.find(b"\r\n\r\n")
+    lf = data.find(b"\n\n", 0, crlf + 4) if crlf >= 0 else data.find(b"\n\n")
+    if lf >= 0 and (crlf < 0 or lf + 2 < crlf + 4):
+        return lf + 2
+    return crlf + 4 if crlf >= 0 else -1
 
 
 class HeadTooLarge(Exception):
@@ -30,10 +38,10 @@ class HeadScanner:
         """True when the head ended within `data`; raises HeadTooLarge past the bound."""
         if self.request_line is None:
             self._find_request_line(data)
-        window = self._tail + data
-        ends = [i + len(end) for end in _ENDS if (i := window.find(end)) >= 0]
-        if ends:
-            used = min(ends) - len(self._tail)
+        window = self._tail + data if self._tail else data
+        end = head_end(window)
+        if end >= 0:
+            used = end - len(self._tail)
             self.size += used
             self._tail = b""
             if self.size > self._limit:

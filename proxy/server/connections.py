@@ -283,12 +283,14 @@ class ClientConnection(asyncio.Protocol):
     def _feed(self, data: bytes) -> None:
         """Feed what came, cut at each request's end; hold the rest once reading is paused."""
         view = memoryview(data)
+        whole = True  # (the cutter is given the bytes themselves while the view is all of them: no copy)
         while view:
             lingering = self.state is State.LINGERING
             if self._blocks and not lingering:
                 self._unparsed = bytes(view)
                 return
-            size = len(view) if lingering else self._cutter.cut(view)
+            size = len(view) if lingering else self._cutter.cut(data if whole else view)
+            whole = False
             if not self._parse(view[:size]):
                 self._unparsed = b""
                 return
