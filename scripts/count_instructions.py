@@ -134,8 +134,9 @@ def main(argv: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": args.pythonpath, "PYTHONHASHSEED": "0"}
     fake_port, port, admin = free_port(), free_port(), free_port()
     fake = [sys.executable, "-m", "proxy", "fake-upstream", "--fast", "--port", str(fake_port)]
-    keep = os.environ.get("KEEP_CALLGRIND")
-    with (contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory()) as out_dir, running(fake, fake_port, env):
+    keep = os.environ.get("KEEP_CALLGRIND")  # a directory to keep the dumps in (callgrind_annotate them)
+    dumps = contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory()
+    with dumps as out_dir, running(fake, fake_port, env):
         serve = [
             "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_dir}/cg.out", "--dump-instr=no",
             sys.executable, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{fake_port}",
