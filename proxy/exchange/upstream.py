@@ -27,9 +27,12 @@ from proxy.exchange.flow import BodyBuffer
 __all__ = ["HIGH_WATER", "BodyReader", "BodySink", "UpstreamHead", "UpstreamLink", "UpstreamPool"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UpstreamHead:
     """The upstream's status line and headers (interim 1xx responses are skipped before it)."""
+
+    # (Not frozen, like the other records made on every request: a frozen dataclass takes three times the
+    # work to make, an object.__setattr__ per field; nothing assigns to one once made.)
 
     status: int
     reason: str
