@@ -65,6 +65,11 @@ _NEXT: Final[dict[Response, frozenset[Response]]] = {
     Response.FAILED: frozenset(),
 }
 _ANSWERED: Final = frozenset({Response.IDLE, Response.DONE, Response.FAILED})  # no byte is awaited
+# The states the per-read path compares with, as plain names: on Python 3.11 every `Response.BODY`
+# goes through `EnumType.__getattr__`, several times a plain global's cost, once per body piece.
+_BODY: Final = Response.BODY
+_DONE: Final = Response.DONE
+_FAILED: Final = Response.FAILED
 
 
 class _Stray(Exception):
@@ -239,7 +244,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
-        if self.response is Response.BODY:
+        if self.response is _BODY:
             self._pending.append(body)
 
     def on_message_complete(self) -> None:
@@ -276,10 +281,13 @@ class UpstreamConnection(asyncio.Protocol):
             sink.body(pending[0] if len(pending) == 1 else b"".join(pending))
         if self._told:
             return
-        if self.response is Response.FAILED and self._failure is not None:
+        response = self.response
+        if response is _BODY:
+            return  # (the common case: more body to come)
+        if response is _FAILED and self._failure is not None:
             self._told = True
             sink.failed(self._failure)
-        elif self.response is Response.DONE:
+        elif response is _DONE:
             self._told = True
             sink.end()
 
