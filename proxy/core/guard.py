@@ -202,7 +202,17 @@ class StreamGuard:
         """Upstream bytes arrived."""
         if self._done:
             return Step()
-        if (
+        acc: Step | None = None
+        start, n = 0, len(chunk)
+        if self.released and self._stitch is None and self._pending is None and self._reader.idle:
+            # The common read once the stream flows: repeats of the content template, often nothing
+            # else (one step, at once: what the loop below would find for it).
+            count, start = self._stream.repeats(chunk, 0, self._max)
+            if count:
+                acc = self._repeated(chunk if start == n else chunk[:start], count)
+                if start == n:
+                    return acc
+        if acc is None and (
             not chunk
             or self._stitch is not None  # (a continuation: every event is rewritten)
             or self._pending is not None
@@ -213,18 +223,14 @@ class StreamGuard:
         # Runs of content events the dialect knows without a parse skip the reader; other events go
         # through it one at a time (it gives the same items however reads are split, and holding
         # cannot end early within this read), and their Steps are merged into one.
-        acc: Step | None = None
-        start, n, pieces = 0, len(chunk), _PIECES
-        if self.released and not self._reader.idle:
+        pieces = _PIECES
+        if acc is None and self.released and not self._reader.idle:
             acc, start = self._complete_pending(chunk)
         while start < n:
             if self.released and self._reader.idle:
                 count, end = self._stream.repeats(chunk, start, self._max)
                 if count:
-                    self.events += count
-                    self.content_events += count
-                    data = chunk if end - start == n else chunk[start:end]
-                    step = Step(data=data, content_events=count, first_content=self.content_events == count)
+                    step = self._repeated(chunk if end - start == n else chunk[start:end], count)
                     acc = step if acc is None else _merge(acc, step)
                     start = end
                     continue
@@ -338,9 +344,15 @@ class StreamGuard:
         if not count or stop != len(event):
             return None, 0
         self._reader.discard_pending()
+        return self._repeated(event, count), end
+
+    def _repeated(self, data: bytes, count: int) -> Step:
+        """The step for `count` content events the dialect knew without a parse (`repeats`)."""
         self.events += count
         self.content_events += count
-        return Step(data=event, content_events=count, first_content=self.content_events == count), end
+        step = Step()  # (fields set one by one: cheaper than a call with keywords, once per read)
+        step.data, step.content_events, step.first_content = data, count, self.content_events == count
+        return step
 
     def _feed(self, chunk: bytes) -> Step:
         """Through the reader and the dialect's classification: every event parsed."""

@@ -30,6 +30,7 @@ __all__ = ["ContentTemplate"]
 
 # A non-empty JSON string body, unquoted: no quote, backslash or control character except the
 # two-character escapes. `\u` escapes (surrogates!) are left to the parser.
+_PLAIN_TEXT = re.compile(rb"[\x20\x21\x23-\x5b\x5d-\x7f]+")  # no escape: the common text, the quickest check
 _ASCII_TEXT = re.compile(rb'(?:[\x20\x21\x23-\x5b\x5d-\x7f]|\\["\\/bfnrt])+')
 _ANY_TEXT = re.compile(rb'(?:[\x20\x21\x23-\x5b\x5d-\xff]|\\["\\/bfnrt])+')
 _MARK = "\x01\x02streamwarden-text\x03"  # stands in for the leaf while locating it
@@ -218,6 +219,8 @@ def _number(data: bytes, a: int, b: int) -> bool:
 
 def _text(data: bytes, a: int, b: int) -> bool:
     """`data[a:b]` is a non-empty JSON string body that orjson reads (as a non-empty string)."""
+    if _PLAIN_TEXT.fullmatch(data, a, b) is not None:
+        return True
     if b <= a:
         return False
     if _ASCII_TEXT.fullmatch(data, a, b) is not None:
