@@ -118,6 +118,7 @@ class StreamGuard:
         "_held_bytes",
         "_held_events",
         "_hold",
+        "_idle",
         "_max",
         "_max_held",
         "_may_resume",
@@ -145,6 +146,7 @@ class StreamGuard:
         self._dialect = dialect
         self._stream = dialect.new_stream()
         self._reader = SSEReader(max_event_size)
+        self._idle = False  # the reader was idle when last asked, and was not used since (see `feed`)
         self._max = max_event_size
         self._hold = hold  # False: commit at the first call (the I/O layer may commit() right away)
         self._held: list[bytes] = []  # events before the commit, sent together with it
@@ -204,9 +206,10 @@ class StreamGuard:
             return Step()
         acc: Step | None = None
         start, n = 0, len(chunk)
-        if self.released and self._stitch is None and self._pending is None and self._reader.idle:
+        if self.released and self._stitch is None and self._pending is None and (self._idle or self._reader.idle):
             # The common read once the stream flows: repeats of the content template, often nothing
             # else (one step, at once: what the loop below would find for it).
+            self._idle = True  # (until the reader is fed again: a read of repeats leaves it as it is)
             count, start = self._stream.repeats(chunk, 0, self._max)
             if count:
                 acc = self._repeated(chunk if start == n else chunk[:start], count)
@@ -251,6 +254,7 @@ class StreamGuard:
         if self._done:
             return Step()
         step, out = self._begin()
+        self._idle = False
         return self._consume(step, out, self._reader.close()) or self._end(step, out)
 
     def fail(self, reason: Reason) -> Step:
@@ -282,6 +286,7 @@ class StreamGuard:
             raise RuntimeError("resume() without a step that asked for it")
         self._pending = None
         self._reader = SSEReader(self._max)  # the broken stream's partial event is dropped
+        self._idle = False
         self._stitch = stitch
 
     def give_up(self) -> Step:
@@ -358,6 +363,7 @@ class StreamGuard:
         """Through the reader and the dialect's classification: every event parsed."""
         step, out = self._begin()
         try:
+            self._idle = False
             items = self._reader.feed(chunk)
         except EventTooLarge as exc:
             # Deliver what was complete before the oversized event, then end on a clean boundary.

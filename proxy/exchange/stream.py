@@ -235,7 +235,11 @@ class StreamRelay:
             now = time.monotonic()
             if step.first_content and ex.first_content_at is None:
                 ex.first_content_at = now
-            ex.note_content(now, step.content_events)
+            gaps = ex.gaps
+            if gaps is None:
+                ex.note_content(now, step.content_events)
+            else:
+                gaps.note(now, step.content_events)  # (what `note_content` does once they exist)
         line = self._line
         if step.commit and line is _HELD:
             self._ask()  # (before an ending in the same step: the content before it commits the 200)
@@ -257,8 +261,10 @@ class StreamRelay:
                 self._pending.append(step.data)
                 self._ask()
             return
-        if step.data:
-            self._write(step.data)
+        if step.data:  # (`_write`, spelt out: once per read)
+            out = self._out
+            if out is None or not out.write_raw(step.data):
+                self._conclude(self._life.client_gone(), b"", None)
 
     def _ended(self, step: Step) -> None:
         """The guard's final step: the lifecycle's verdict on it, and its answer carried out."""

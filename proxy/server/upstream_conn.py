@@ -276,9 +276,11 @@ class UpstreamConnection(asyncio.Protocol):
         sink = self._sink
         if sink is None:
             return
-        if self._pending:
-            pending, self._pending = self._pending, []
-            sink.body(pending[0] if len(pending) == 1 else b"".join(pending))
+        pending = self._pending
+        if pending:
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            pending.clear()  # (the same list for the next read: one list per response, not per read)
+            sink.body(data)
         if self._told:
             return
         response = self.response
