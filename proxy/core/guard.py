@@ -114,11 +114,11 @@ class StreamGuard:
     __slots__ = (
         "_dialect",
         "_done",
+        "_flowing",
         "_held",
         "_held_bytes",
         "_held_events",
         "_hold",
-        "_idle",
         "_max",
         "_max_held",
         "_may_resume",
@@ -146,7 +146,9 @@ class StreamGuard:
         self._dialect = dialect
         self._stream = dialect.new_stream()
         self._reader = SSEReader(max_event_size)
-        self._idle = False  # the reader was idle when last asked, and was not used since (see `feed`)
+        # `feed`'s quick path was open at the last read and nothing closed it since: the hold is over,
+        # no continuation is tried or stitched, the reader was idle and not fed since.
+        self._flowing = False
         self._max = max_event_size
         self._hold = hold  # False: commit at the first call (the I/O layer may commit() right away)
         self._held: list[bytes] = []  # events before the commit, sent together with it
@@ -206,15 +208,19 @@ class StreamGuard:
             return Step()
         acc: Step | None = None
         start, n = 0, len(chunk)
-        if self.released and self._stitch is None and self._pending is None and (self._idle or self._reader.idle):
+        if self._flowing or (self.released and self._stitch is None and self._pending is None and self._reader.idle):
             # The common read once the stream flows: repeats of the content template, often nothing
             # else (one step, at once: what the loop below would find for it).
-            self._idle = True  # (until the reader is fed again: a read of repeats leaves it as it is)
+            self._flowing = True  # (a read of repeats leaves the reader as it is)
             count, start = self._stream.repeats(chunk, 0, self._max)
             if count:
-                acc = self._repeated(chunk if start == n else chunk[:start], count)
-                if start == n:
-                    return acc
+                if start == n:  # (`_repeated`, spelt out)
+                    self.events += count
+                    self.content_events += count
+                    step = Step()
+                    step.data, step.content_events, step.first_content = chunk, count, self.content_events == count
+                    return step
+                acc = self._repeated(chunk[:start], count)
         if acc is None and (
             not chunk
             or self._stitch is not None  # (a continuation: every event is rewritten)
@@ -254,7 +260,7 @@ class StreamGuard:
         if self._done:
             return Step()
         step, out = self._begin()
-        self._idle = False
+        self._flowing = False
         return self._consume(step, out, self._reader.close()) or self._end(step, out)
 
     def fail(self, reason: Reason) -> Step:
@@ -286,7 +292,7 @@ class StreamGuard:
             raise RuntimeError("resume() without a step that asked for it")
         self._pending = None
         self._reader = SSEReader(self._max)  # the broken stream's partial event is dropped
-        self._idle = False
+        self._flowing = False
         self._stitch = stitch
 
     def give_up(self) -> Step:
@@ -331,6 +337,7 @@ class StreamGuard:
         if not self._may_resume(pending.reason, pending.status):
             return None
         self._pending = pending
+        self._flowing = False
         self.upstream_message = None  # (a mended break is not what the exchange ended with)
         if out:
             step.data = _join(out)
@@ -363,7 +370,7 @@ class StreamGuard:
         """Through the reader and the dialect's classification: every event parsed."""
         step, out = self._begin()
         try:
-            self._idle = False
+            self._flowing = False
             items = self._reader.feed(chunk)
         except EventTooLarge as exc:
             # Deliver what was complete before the oversized event, then end on a clean boundary.
