@@ -32,6 +32,9 @@ _FAILURES = {
     Reason.SHUTDOWN: "the proxy is shutting down",
     Reason.PROXY_ERROR: "the proxy failed while relaying the stream",  # a bug of ours; not a rewrite reason
 }
+# The kinds `_consume` tells apart first, as plain names: on Python 3.11 each `Kind.CONTENT` runs
+# `EnumType.__getattr__` (several times a global's cost), once or more per parsed event.
+_CONTENT, _PASS, _COMMENT, _TERMINAL = Kind.CONTENT, Kind.PASS, Kind.COMMENT, Kind.TERMINAL
 _EARLY_DONE = "the upstream ended the stream while a choice had no finish_reason (generation cut short)"
 # End-to-end headers of a stray status block worth keeping on a real status: the SDKs' retry hints.
 _RETRY_HEADERS = {"retry-after": "Retry-After", "retry-after-ms": "retry-after-ms", "x-should-retry": "x-should-retry"}
@@ -147,7 +150,8 @@ class StreamGuard:
         self._stream = dialect.new_stream()
         self._reader = SSEReader(max_event_size)
         # `feed`'s quick path was open at the last read and nothing closed it since: the hold is over,
-        # no continuation is tried or stitched, the reader was idle and not fed since.
+        # no continuation is tried or stitched, the dialect may repeat, the reader was idle and not
+        # fed since (only the reader, through `_feed`, can make the dialect stop repeating).
         self._flowing = False
         self._max = max_event_size
         self._hold = hold  # False: commit at the first call (the I/O layer may commit() right away)
@@ -206,12 +210,23 @@ class StreamGuard:
         """Upstream bytes arrived."""
         if self._done:
             return Step()
+        if not self._flowing:
+            if (
+                not chunk
+                or self._stitch is not None  # (a continuation: every event is rewritten)
+                or self._pending is not None
+                or not self._stream.may_repeat()  # (no dialect check to reach: one piece, as it always was)
+                or (not self.released and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
+            ):
+                return self._feed(chunk)
+            self._flowing = self.released and self._reader.idle
+        elif not chunk:
+            return self._feed(chunk)
         acc: Step | None = None
         start, n = 0, len(chunk)
-        if self._flowing or (self.released and self._stitch is None and self._pending is None and self._reader.idle):
+        if self._flowing:
             # The common read once the stream flows: repeats of the content template, often nothing
             # else (one step, at once: what the loop below would find for it).
-            self._flowing = True  # (a read of repeats leaves the reader as it is)
             count, start = self._stream.repeats(chunk, 0, self._max)
             if count:
                 if start == n:  # (`_repeated`, spelt out)
@@ -221,14 +236,6 @@ class StreamGuard:
                     step.data, step.content_events, step.first_content = chunk, count, self.content_events == count
                     return step
                 acc = self._repeated(chunk[:start], count)
-        if acc is None and (
-            not chunk
-            or self._stitch is not None  # (a continuation: every event is rewritten)
-            or self._pending is not None
-            or not self._stream.may_repeat()  # (no dialect check to reach: one piece, as it always was)
-            or (not self.released and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
-        ):
-            return self._feed(chunk)
         # Runs of content events the dialect knows without a parse skip the reader; other events go
         # through it one at a time (it gives the same items however reads are split, and holding
         # cannot end early within this read), and their Steps are merged into one.
@@ -419,7 +426,7 @@ class StreamGuard:
             if item.id is not None:
                 self.saw_id = True
             kind = stream.classify(item)
-            if kind is Kind.CONTENT:
+            if kind is _CONTENT:
                 out.append(item.raw)
                 self.content_events += 1
                 step.content_events += 1
@@ -428,12 +435,12 @@ class StreamGuard:
                 if not self.released:
                     self._commit(step, out)
                 self.events += 1
-            elif kind is Kind.PASS:
+            elif kind is _PASS:
                 out.append(item.raw)
                 self._count()
-            elif kind is Kind.COMMENT:
+            elif kind is _COMMENT:
                 out.append(item.raw)
-            elif kind is Kind.TERMINAL:
+            elif kind is _TERMINAL:
                 # The reader ends an event at a CR; its LF (the rest of a CRLF) may be in the next
                 # read, which never happens once the stream is over, so complete the line end here.
                 raw = item.raw
