@@ -103,8 +103,8 @@ class ChatStream(DialectStream):
             if produced:
                 self._produced.add(index)
                 content = True
-        if content and not usage and len(choices) == 1:
-            self._learn(event.data, obj, choices[0])
+        if content and not usage and len(choices) == 1 and self.recorder is None and self._template.hopeful:
+            self._learn(event.data, obj, choices[0])  # (a template only serves `repeats`: not with a recorder)
         return _CONTENT if content else _PASS
 
     def _learn(self, data: bytes, obj: dict[str, Any], choice: Any) -> None:
