@@ -70,7 +70,8 @@ def _phrase(status: int) -> str:
 
 
 class ClientWriter:
-    __slots__ = ("_chunked", "_closing", "_ended", "_held_head", "ex", "life", "request", "response", "stall_timeout")
+    __slots__ = ("_body", "_chunked", "_closing", "_ended", "_held_head", "ex", "life", "request", "response",
+                 "stall_timeout")  # fmt: skip
 
     def __init__(self, request: ClientRequest, ex: ExchangeRecord, life: Lifecycle, stall_timeout: float) -> None:
         self.request = request
@@ -80,6 +81,7 @@ class ClientWriter:
         self.life = life
         self.stall_timeout = stall_timeout
         self.response: ResponseHead | None = None
+        self._body = False  # `_body_allowed()`, fixed with the head: `write_raw` reads it once per piece
         self._chunked = False
         self._closing = not request.keep_alive  # the connection closes after this response
 
@@ -143,6 +145,7 @@ class ClientWriter:
         if self.response is not None:
             return
         self.response = head
+        self._body = self._body_allowed()
         self.ex.status = head.status
         self.life.committed_now()
         data = self._head(head, length=head.content_length, close=close)
@@ -174,7 +177,7 @@ class ClientWriter:
         if transport is None or transport.is_closing():
             return False
         self.ex.bytes_out += len(data)
-        if not self._body_allowed():
+        if not self._body:
             self.flush_head()
             return True
         framed = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
@@ -223,6 +226,7 @@ class ClientWriter:
             headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
             headers["Content-Type"] = content_type
         head = self.response = ResponseHead(status, headers, reason=reason)
+        self._body = self._body_allowed()
         self.ex.status = status
         self.life.committed_now()
         data = self._head(head, length=len(body), close=close)

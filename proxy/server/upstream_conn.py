@@ -65,6 +65,9 @@ _NEXT: Final[dict[Response, frozenset[Response]]] = {
     Response.FAILED: frozenset(),
 }
 _ANSWERED: Final = frozenset({Response.IDLE, Response.DONE, Response.FAILED})  # no byte is awaited
+# The states as plain names for the methods below: on Python 3.11 every `Response.BODY` goes through
+# `EnumType.__getattr__` (several times a global's cost), and they run per header and per body piece.
+_IDLE, _WAITING, _INTERIM, _BODY, _DONE, _FAILED = Response  # (in definition order)
 
 
 class _Stray(Exception):
@@ -92,7 +95,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._on_lost = on_lost
         self.loop = asyncio.get_running_loop()
         self._parser = httptools.HttpResponseParser(self)
-        self.response = Response.IDLE
+        self.response = _IDLE
         self._waiter: asyncio.Future[UpstreamHead] | None = None
         self._sink: BodySink | None = None
         self._pending: list[bytes] = []  # body pieces not yet given to the sink (one batch per read)
@@ -121,7 +124,7 @@ class UpstreamConnection(asyncio.Protocol):
     def send(self, request: bytes, body: bytes | bytearray | None, *, head_only: bool) -> asyncio.Future[UpstreamHead]:
         """Write one request; the future resolves with the response head (or an `UpstreamFailure`)."""
         assert self.transport is not None
-        self._to(Response.WAITING)
+        self._to(_WAITING)
         self._sink, self._pending, self._failure, self._told = None, [], None, False
         self._headers, self._reason, self._head_size, self._interim = CIMultiDict(), b"", 0, 0
         self._head_only, self._until_eof, self.reusable = head_only, False, False
@@ -146,7 +149,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     @property
     def complete(self) -> bool:
-        return self.response is Response.DONE and not self.closed
+        return self.response is _DONE and not self.closed
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed:
@@ -174,7 +177,7 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError:
-            if self.response is Response.DONE:  # (_Stray) the response is whole; the connection is not reusable
+            if self.response is _DONE:  # (_Stray) the response is whole; the connection is not reusable
                 self.close()
                 return
             self._fail(Reason.BAD_UPSTREAM_RESPONSE, _BAD_RESPONSE)
@@ -190,9 +193,9 @@ class UpstreamConnection(asyncio.Protocol):
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
-        if self.response in (Response.WAITING, Response.INTERIM):
+        if self.response in (_WAITING, _INTERIM):
             self._fail(Reason.CONNECT_FAILED, _CLOSED_EARLY)
-        elif self.response is Response.BODY:
+        elif self.response is _BODY:
             if self._until_eof and exc is None:
                 self._complete()  # a body framed by the close ends with it
             else:
@@ -202,7 +205,7 @@ class UpstreamConnection(asyncio.Protocol):
     # ---- llhttp's callbacks -----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self.response is Response.DONE:
+        if self.response is _DONE:
             raise _Stray
 
     def on_status(self, status: bytes) -> None:
@@ -211,7 +214,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._grow(len(name) + len(value) + 4)  # (trailers too: a flood of them is bounded with the head)
-        if self.response is not Response.WAITING:
+        if self.response is not _WAITING:
             return  # a chunked body's trailer: dropped, as nginx does (never a response header)
         self._headers.add(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
 
@@ -221,7 +224,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._interim += 1
             if status == 101 or self._interim > MAX_INTERIM:
                 raise ValueError("an unrequested upgrade, or an interim flood")
-            self._to(Response.INTERIM)  # its (empty) message completes next; the real head follows
+            self._to(_INTERIM)  # its (empty) message completes next; the real head follows
             self._headers, self._reason, self._head_size = CIMultiDict(), b"", 0
             return
         headers = self._headers
@@ -230,7 +233,7 @@ class UpstreamConnection(asyncio.Protocol):
         chunked = is_chunked(headers.getall("Transfer-Encoding", ()))
         no_body = self._head_only or status in (204, 304)
         self._until_eof = not no_body and content_length is None and not chunked
-        self._to(Response.BODY)
+        self._to(_BODY)
         head = UpstreamHead(status, self._reason.decode("latin-1"), headers, content_length)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(head)
@@ -239,14 +242,14 @@ class UpstreamConnection(asyncio.Protocol):
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
-        if self.response is Response.BODY:
+        if self.response is _BODY:
             self._pending.append(body)
 
     def on_message_complete(self) -> None:
-        if self.response is Response.INTERIM:
-            self._to(Response.WAITING)
+        if self.response is _INTERIM:
+            self._to(_WAITING)
             return
-        if self.response is Response.BODY:
+        if self.response is _BODY:
             self.reusable = self._parser.should_keep_alive() and not self._until_eof
             self._complete()
 
@@ -262,7 +265,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.response = response
 
     def _complete(self) -> None:
-        self._to(Response.DONE)
+        self._to(_DONE)
         if not self._feeding:
             self._deliver()
 
@@ -271,15 +274,20 @@ class UpstreamConnection(asyncio.Protocol):
         sink = self._sink
         if sink is None:
             return
-        if self._pending:
-            pending, self._pending = self._pending, []
-            sink.body(pending[0] if len(pending) == 1 else b"".join(pending))
+        pending = self._pending
+        if pending:
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            pending.clear()  # (the same list for the next read: one list per response, not per read)
+            sink.body(data)
         if self._told:
             return
-        if self.response is Response.FAILED and self._failure is not None:
+        response = self.response
+        if response is _BODY:
+            return  # (the common case: more body to come)
+        if response is _FAILED and self._failure is not None:
             self._told = True
             sink.failed(self._failure)
-        elif self.response is Response.DONE:
+        elif response is _DONE:
             self._told = True
             sink.end()
 
@@ -290,9 +298,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.close()
         if state in _ANSWERED:
             return
-        self._to(Response.FAILED)
+        self._to(_FAILED)
         failure = self._failure = UpstreamFailure(reason, message)
-        if state is Response.BODY:
+        if state is _BODY:
             self._pending = []  # (a partial piece of a broken body is never passed on)
             if not self._feeding:
                 self._deliver()
