@@ -23,7 +23,7 @@ DONE_FRAME = b"data: [DONE]\n\n"
 # an abort call, a sleep or scale-down pause), then sends `[DONE]`: a cut answer dressed as complete.
 ABORT_REASON = "abort"
 ABORTED = ErrorInfo(502, 'the upstream aborted the generation (finish_reason "abort")', "upstream_aborted")
-_CONTENT, _PASS = Kind.CONTENT, Kind.PASS  # (per event: a global, not 3.11's EnumType.__getattr__)
+_CONTENT, _PASS = Kind.CONTENT, Kind.PASS  # (per event: a global, one lookup)
 
 
 class ChatStream(DialectStream):

@@ -29,7 +29,7 @@ __all__ = ["ResponsesStream"]
 _PRELUDE = frozenset({"response.created", "response.in_progress", "response.queued"})
 _TERMINAL = frozenset({"response.completed", "response.incomplete"})
 _CODE_STATUS = {"rate_limit_exceeded": 429, "invalid_prompt": 400, "server_error": 500}
-_FOREIGN = Kind.FOREIGN  # (checked per event: a global, not 3.11's EnumType.__getattr__)
+_FOREIGN = Kind.FOREIGN  # (checked per event: a global, one lookup)
 
 
 class ResponsesStream(DialectStream):
