@@ -146,7 +146,9 @@ class ClientConnection(asyncio.Protocol):
         self._rules = port.rules
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpRequestParser(self)
+        # (None once the transport is lost: the parser holds this protocol's bound methods, a cycle
+        # that would leave the connection to the cyclic GC instead of refcounting)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._head: HeadScanner | None = HeadScanner(port.rules.max_header_size)
         self.state = State.OPEN
         self._timer: asyncio.TimerHandle | None = None  # the state's deadline (header, keep-alive, lingering)
@@ -238,6 +240,7 @@ class ClientConnection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionResetError("the client closed the connection"))
         self.transport = None
+        self._parser = None
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -297,8 +300,11 @@ class ClientConnection(asyncio.Protocol):
 
     def _parse(self, piece: memoryview) -> bool:
         """One piece to llhttp; False when nothing more is to be parsed on this connection."""
+        parser = self._parser
+        if parser is None:
+            return False
         try:
-            self._parser.feed_data(piece)
+            parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
             self._to(State.CLOSING)  # (Upgrade is hop-by-hop: the request is answered, then the close)
             self._block(_STOP)
@@ -372,6 +378,7 @@ class ClientConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         parser = self._parser
+        assert parser is not None  # (a callback of its own feed)
         raw = self._url.decode("utf-8", "surrogateescape")
         try:
             path = unquote(httptools.parse_url(self._url).path.decode("utf-8", "surrogateescape"))
