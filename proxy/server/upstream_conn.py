@@ -141,10 +141,11 @@ class UpstreamConnection(asyncio.Protocol):
 
     def detach(self) -> None:
         """The exchange is done with it: the connection keeps nothing of it (no relay, guard or record
-        lives on while it sits in the pool)."""
+        lives on while it sits in the pool), nor of the response's head (the next `send` starts a new one)."""
         self._sink = None
         self._pending = []
         self._waiter = None
+        self._headers, self._reason = CIMultiDict(), b""
 
     @property
     def complete(self) -> bool:
