@@ -51,7 +51,8 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], within: float = 300.0) -
 
 @contextlib.contextmanager
 def running(cmd: list[str], port: int, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # (cwd "/": `python -m` puts the working directory first on sys.path, ahead of --pythonpath)
+    proc = subprocess.Popen(cmd, env=env, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port, proc)
         yield proc

@@ -70,7 +70,7 @@ def _phrase(status: int) -> str:
 
 
 class ClientWriter:
-    __slots__ = ("_body", "_chunked", "_closing", "_ended", "_held_head", "ex", "life", "request", "response",
+    __slots__ = ("_body", "_chunked", "_closing", "_ended", "_held_head", "_status", "ex", "life", "request",
                  "stall_timeout")  # fmt: skip
 
     def __init__(self, request: ClientRequest, ex: ExchangeRecord, life: Lifecycle, stall_timeout: float) -> None:
@@ -80,7 +80,7 @@ class ClientWriter:
         self._ended = False  # the body's end (its last chunk) went out: once only
         self.life = life
         self.stall_timeout = stall_timeout
-        self.response: ResponseHead | None = None
+        self._status: int | None = None  # the committed head's (its headers are not kept once written)
         self._body = False  # `_body_allowed()`, fixed with the head: `write_raw` reads it once per piece
         self._chunked = False
         self._closing = not request.keep_alive  # the connection closes after this response
@@ -125,8 +125,8 @@ class ClientWriter:
         return raw + b"Date: " + _http_date() + b"\r\n\r\n"
 
     def _body_allowed(self) -> bool:
-        response = self.response
-        return response is not None and self.request.method != "HEAD" and response.status not in _NO_BODY
+        status = self._status
+        return status is not None and self.request.method != "HEAD" and status not in _NO_BODY
 
     # ---- writing ----------------------------------------------------------------------------------
 
@@ -142,11 +142,10 @@ class ClientWriter:
 
         `hold`: the head waits for the first body bytes and goes out with them in one write (one
         system call, one packet) until `flush_head`; a held stream's first events come right after."""
-        if self.response is not None:
+        if self._status is not None:
             return
-        self.response = head
+        self._status = self.ex.status = head.status
         self._body = self._body_allowed()
-        self.ex.status = head.status
         self.life.committed_now()
         data = self._head(head, length=head.content_length, close=close)
         if hold:
@@ -162,7 +161,7 @@ class ClientWriter:
             transport.write(held)
 
     async def write(self, data: bytes) -> None:
-        assert self.response is not None, "commit first"
+        assert self._status is not None, "commit first"
         if not self.write_raw(data):
             raise ClientGone("the client closed the connection")
         if self.paused:
@@ -225,9 +224,9 @@ class ClientWriter:
         if content_type is not None:
             headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
             headers["Content-Type"] = content_type
-        head = self.response = ResponseHead(status, headers, reason=reason)
+        head = ResponseHead(status, headers, reason=reason)
+        self._status = self.ex.status = status
         self._body = self._body_allowed()
-        self.ex.status = status
         self.life.committed_now()
         data = self._head(head, length=len(body), close=close)
         self._send(data + body if self._body_allowed() else data)

@@ -158,7 +158,11 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     if resumer is None or not resumer.possible:
         state.body_budget.give_back(ex.body_reserved)
         ex.body_reserved = 0
-    del body, data
+    # What only the request needed is not kept while a stream runs (its headers are, for a
+    # continuation, which resends them).
+    del body, data, sending, deadline
+    if resumer is None:
+        del headers
     ex.upstream_status = head.status
     if not 200 <= head.status <= 599:  # an unrequested 101 (Upgrade is hop-by-hop, never sent), or junk
         message = f"the upstream answered with status {head.status}, which is not passed on"

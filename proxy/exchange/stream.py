@@ -427,9 +427,11 @@ async def relay_stream(
     continuation's connection replaces the upstream's, or the relay gives up as the stream would have
     ended without the flag.
     """
-    response = stream_response(head)
+    response: ResponseHead | None = None  # the held status line, until written (not kept while the stream runs)
     if cfg.hold_headers <= 0:
-        await out.commit(response)
+        await out.commit(stream_response(head))
+    else:
+        response = stream_response(head)
     relay = StreamRelay(link, guard, life, ex, cfg, out)
     interrupter.watch(relay.interrupt)
     link.attach(relay)
@@ -437,7 +439,9 @@ async def relay_stream(
         while True:
             need = await relay.wait()
             if need is Need.COMMIT:
+                assert response is not None  # (the status line is due once)
                 out.commit_now(response, hold=True)  # (the relay hears a client that stops reading: no wait)
+                response = None
                 relay.committed()  # the events the guard passed meanwhile carry the head, in one write
                 out.flush_head()
             elif need is Need.DONE:  # the relay carried out the lifecycle's answer

@@ -95,7 +95,9 @@ class UpstreamConnection(asyncio.Protocol):
     def __init__(self, on_lost: Callable[[UpstreamConnection], None]) -> None:
         self._on_lost = on_lost
         self.loop = asyncio.get_running_loop()
-        self._parser = httptools.HttpResponseParser(self)
+        # (None once the transport is lost: the parser holds this protocol's bound methods, a cycle
+        # that would leave the connection to the cyclic GC instead of refcounting)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.response = _IDLE
         self._waiter: asyncio.Future[UpstreamHead] | None = None
         self._sink: BodySink | None = None
@@ -143,10 +145,11 @@ class UpstreamConnection(asyncio.Protocol):
 
     def detach(self) -> None:
         """The exchange is done with it: the connection keeps nothing of it (no relay, guard or record
-        lives on while it sits in the pool)."""
+        lives on while it sits in the pool), nor of the response's head (the next `send` starts a new one)."""
         self._sink = None
         self._pending = []
         self._waiter = None
+        self._headers, self._reason = CIMultiDict(), b""
 
     @property
     def complete(self) -> bool:
@@ -174,9 +177,12 @@ class UpstreamConnection(asyncio.Protocol):
         if self.response in _ANSWERED:
             self.close()  # bytes no request asked for: no client may ever read them
             return
+        parser = self._parser
+        if parser is None:
+            return
         self._feeding = True
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserCallbackError:
             if self.response is _DONE:  # (_Stray) the response is whole; the connection is not reusable
                 self.close()
@@ -201,6 +207,7 @@ class UpstreamConnection(asyncio.Protocol):
                 self._complete()  # a body framed by the close ends with it
             else:
                 self._fail(Reason.STREAM_CUT, _CUT)
+        self._parser = None
         self._on_lost(self)
 
     # ---- llhttp's callbacks -----------------------------------------------------------------------
@@ -220,7 +227,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._headers.add(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
 
     def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
+        parser = self._parser
+        assert parser is not None  # (a callback of its own feed)
+        status = parser.get_status_code()
         if 100 <= status < 200:
             self._interim += 1
             if status == 101 or self._interim > MAX_INTERIM:
@@ -251,6 +260,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._to(_WAITING)
             return
         if self.response is _BODY:
+            assert self._parser is not None  # (a callback of its own feed)
             self.reusable = self._parser.should_keep_alive() and not self._until_eof
             self._complete()
 
