@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from proxy.core.compile_attrs import mypyc_attr
 from proxy.core.dialects.base import DialectStream, Kind, usage_from
 from proxy.core.dialects.errors import ErrorCode, ErrorInfo, describe_error, dumps, is_error_object, openai_error
 from proxy.core.dialects.repeat import ContentTemplate
@@ -25,6 +26,7 @@ ABORT_REASON = "abort"
 ABORTED = ErrorInfo(502, 'the upstream aborted the generation (finish_reason "abort")', "upstream_aborted")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: subclassed by the tests)
 class ChatStream(DialectStream):
     """Tracks, per choice index, whether it produced output and whether it has a finish_reason."""
 
