@@ -4,29 +4,26 @@ drives, a loop whose clock the test moves (the header deadline, the keep-alive w
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import io
 
 import pytest
+from prometheus_client import CollectorRegistry
 from support.fake_io import ClockLoop, FakeTransport, run, turns
 
 from proxy.exchange.client import ClientRequest
+from proxy.observe.books import Books
+from proxy.observe.logs import make_logger
+from proxy.observe.metrics import Metrics
 from proxy.server.connections import LINGERING_SECONDS, ClientConnection, ConnectionRules, MainPort, State
 
 RULES = ConnectionRules(header_timeout=60.0, max_header_size=8192, max_connections=2, keepalive_timeout=75.0)
 GET = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
-class Books:
-    """What a refusal books: the records, nothing else."""
-
-    def __init__(self) -> None:
-        self.finished: list[Any] = []
-
-    def start(self, ex: Any, headers: Any = None) -> None:
-        pass
-
-    def finish(self, ex: Any) -> None:
-        self.finished.append(ex)
+def books() -> Books:
+    """What a refusal books, on a registry and a log of the test's own (the real class: a compiled
+    build takes no stand-in)."""
+    return Books(Metrics(registry=CollectorRegistry()), make_logger(stream=io.StringIO()))
 
 
 class Handler:
@@ -55,7 +52,7 @@ class Handler:
 
 
 def connect(handler: Handler, rules: ConnectionRules = RULES) -> tuple[ClientConnection, FakeTransport, MainPort]:
-    port = MainPort(handler, rules=rules, books=Books())  # type: ignore[arg-type]
+    port = MainPort(handler, rules=rules, books=books())
     connection = port()
     transport = FakeTransport()
     connection.connection_made(transport)
