@@ -50,8 +50,9 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], within: float = 300.0) -
 
 
 @contextlib.contextmanager
-def running(cmd: list[str], port: int, env: dict[str, str], cwd: str) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def running(cmd: list[str], port: int, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    # (cwd "/": `python -m` puts the working directory first on sys.path, ahead of --pythonpath)
+    proc = subprocess.Popen(cmd, env=env, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port, proc)
         yield proc
@@ -134,16 +135,15 @@ def main(argv: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": args.pythonpath, "PYTHONHASHSEED": "0"}
     fake_port, port, admin = free_port(), free_port(), free_port()
     fake = [sys.executable, "-m", "proxy", "fake-upstream", "--fast", "--port", str(fake_port)]
-    # Both run in an empty directory: `python -m` puts the working directory first on sys.path, ahead
-    # of PYTHONPATH (from a checkout, `--pythonpath` would measure that checkout's `proxy`), and what
-    # it holds moves the counts by a few per cent.
-    with tempfile.TemporaryDirectory() as out_dir, running(fake, fake_port, env, out_dir):
+    keep = os.environ.get("KEEP_CALLGRIND")  # a directory to keep the dumps in (callgrind_annotate them)
+    dumps = contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory()
+    with dumps as out_dir, running(fake, fake_port, env):
         serve = [
             "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_dir}/cg.out", "--dump-instr=no",
             sys.executable, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{fake_port}",
             "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin), *args.serve_flags,
         ]
-        with running(serve, port, env, out_dir) as proxy, socket.create_connection(("127.0.0.1", port)) as sock:
+        with running(serve, port, env) as proxy, socket.create_connection(("127.0.0.1", port)) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             data, buffer = request(port, args.stream, args.model), bytearray()
             for _ in range(args.warmup):

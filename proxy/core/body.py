@@ -34,8 +34,10 @@ TAIL_BYTES = 64 * 1024  # the end of a body too large to judge whole: where its 
 _CHOICE_DIALECTS = frozenset({"chat_completions", "completions"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BodyVerdict:
+    # (Not frozen, like the other records made on every request: a frozen dataclass takes three times the
+    # work to make, an object.__setattr__ per field; nothing assigns to one once made.)
     outcome: Outcome
     reason: Reason
     replacement: tuple[int, bytes] | None  # (status, dialect error JSON) instead of the upstream's body

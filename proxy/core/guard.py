@@ -32,6 +32,9 @@ _FAILURES = {
     Reason.SHUTDOWN: "the proxy is shutting down",
     Reason.PROXY_ERROR: "the proxy failed while relaying the stream",  # a bug of ours; not a rewrite reason
 }
+# The kinds `_consume` tells apart first, once or more per parsed event, as plain names (one lookup, not
+# two: proxy/server/speedups.py says why it counts).
+_CONTENT, _PASS, _COMMENT, _TERMINAL = Kind.CONTENT, Kind.PASS, Kind.COMMENT, Kind.TERMINAL
 _EARLY_DONE = "the upstream ended the stream while a choice had no finish_reason (generation cut short)"
 # End-to-end headers of a stray status block worth keeping on a real status: the SDKs' retry hints.
 _RETRY_HEADERS = {"retry-after": "Retry-After", "retry-after-ms": "retry-after-ms", "x-should-retry": "x-should-retry"}
@@ -114,6 +117,7 @@ class StreamGuard:
     __slots__ = (
         "_dialect",
         "_done",
+        "_flowing",
         "_held",
         "_held_bytes",
         "_held_events",
@@ -145,6 +149,10 @@ class StreamGuard:
         self._dialect = dialect
         self._stream = dialect.new_stream()
         self._reader = SSEReader(max_event_size)
+        # `feed`'s quick path was open at the last read and nothing closed it since: the hold is over,
+        # no continuation is tried or stitched, the dialect may repeat, the reader was idle and not
+        # fed since (only the reader, through `_feed`, can make the dialect stop repeating).
+        self._flowing = False
         self._max = max_event_size
         self._hold = hold  # False: commit at the first call (the I/O layer may commit() right away)
         self._held: list[bytes] = []  # events before the commit, sent together with it
@@ -202,29 +210,43 @@ class StreamGuard:
         """Upstream bytes arrived."""
         if self._done:
             return Step()
-        if (
-            not chunk
-            or self._stitch is not None  # (a continuation: every event is rewritten)
-            or self._pending is not None
-            or not self._stream.may_repeat()  # (no dialect check to reach: one piece, as it always was)
-            or (not self.released and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
-        ):
+        if not self._flowing:
+            if (
+                not chunk
+                or self._stitch is not None  # (a continuation: every event is rewritten)
+                or self._pending is not None
+                or not self._stream.may_repeat()  # (no dialect check to reach: one piece, as it always was)
+                or (not self.released and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
+            ):
+                return self._feed(chunk)
+            self._flowing = self.released and self._reader.idle
+        elif not chunk:
             return self._feed(chunk)
+        acc: Step | None = None
+        start, n = 0, len(chunk)
+        if self._flowing:
+            # The common read once the stream flows: repeats of the content template, often nothing
+            # else (one step, at once: what the loop below would find for it).
+            count, start = self._stream.repeats(chunk, 0, self._max)
+            if count:
+                if start == n:  # (`_repeated`, spelt out)
+                    self.events += count
+                    self.content_events += count
+                    step = Step()
+                    step.data, step.content_events, step.first_content = chunk, count, self.content_events == count
+                    return step
+                acc = self._repeated(chunk[:start], count)
         # Runs of content events the dialect knows without a parse skip the reader; other events go
         # through it one at a time (it gives the same items however reads are split, and holding
         # cannot end early within this read), and their Steps are merged into one.
-        acc: Step | None = None
-        start, n, pieces = 0, len(chunk), _PIECES
-        if self.released and not self._reader.idle:
+        pieces = _PIECES
+        if acc is None and self.released and not self._reader.idle:
             acc, start = self._complete_pending(chunk)
         while start < n:
             if self.released and self._reader.idle:
                 count, end = self._stream.repeats(chunk, start, self._max)
                 if count:
-                    self.events += count
-                    self.content_events += count
-                    data = chunk if end - start == n else chunk[start:end]
-                    step = Step(data=data, content_events=count, first_content=self.content_events == count)
+                    step = self._repeated(chunk if end - start == n else chunk[start:end], count)
                     acc = step if acc is None else _merge(acc, step)
                     start = end
                     continue
@@ -245,6 +267,7 @@ class StreamGuard:
         if self._done:
             return Step()
         step, out = self._begin()
+        self._flowing = False
         return self._consume(step, out, self._reader.close()) or self._end(step, out)
 
     def fail(self, reason: Reason) -> Step:
@@ -276,6 +299,7 @@ class StreamGuard:
             raise RuntimeError("resume() without a step that asked for it")
         self._pending = None
         self._reader = SSEReader(self._max)  # the broken stream's partial event is dropped
+        self._flowing = False
         self._stitch = stitch
 
     def give_up(self) -> Step:
@@ -320,6 +344,7 @@ class StreamGuard:
         if not self._may_resume(pending.reason, pending.status):
             return None
         self._pending = pending
+        self._flowing = False
         self.upstream_message = None  # (a mended break is not what the exchange ended with)
         if out:
             step.data = _join(out)
@@ -338,14 +363,21 @@ class StreamGuard:
         if not count or stop != len(event):
             return None, 0
         self._reader.discard_pending()
+        return self._repeated(event, count), end
+
+    def _repeated(self, data: bytes, count: int) -> Step:
+        """The step for `count` content events the dialect knew without a parse (`repeats`)."""
         self.events += count
         self.content_events += count
-        return Step(data=event, content_events=count, first_content=self.content_events == count), end
+        step = Step()  # (fields set one by one: cheaper than a call with keywords, once per read)
+        step.data, step.content_events, step.first_content = data, count, self.content_events == count
+        return step
 
     def _feed(self, chunk: bytes) -> Step:
         """Through the reader and the dialect's classification: every event parsed."""
         step, out = self._begin()
         try:
+            self._flowing = False
             items = self._reader.feed(chunk)
         except EventTooLarge as exc:
             # Deliver what was complete before the oversized event, then end on a clean boundary.
@@ -394,7 +426,7 @@ class StreamGuard:
             if item.id is not None:
                 self.saw_id = True
             kind = stream.classify(item)
-            if kind is Kind.CONTENT:
+            if kind is _CONTENT:
                 out.append(item.raw)
                 self.content_events += 1
                 step.content_events += 1
@@ -403,12 +435,12 @@ class StreamGuard:
                 if not self.released:
                     self._commit(step, out)
                 self.events += 1
-            elif kind is Kind.PASS:
+            elif kind is _PASS:
                 out.append(item.raw)
                 self._count()
-            elif kind is Kind.COMMENT:
+            elif kind is _COMMENT:
                 out.append(item.raw)
-            elif kind is Kind.TERMINAL:
+            elif kind is _TERMINAL:
                 # The reader ends an event at a CR; its LF (the rest of a CRLF) may be in the next
                 # read, which never happens once the stream is over, so complete the line end here.
                 raw = item.raw

@@ -7,9 +7,17 @@ large_client_header_buffers bound it) and the header timeout knows when the head
 
 from __future__ import annotations
 
-__all__ = ["HeadScanner", "HeadTooLarge", "framing_error", "head_refusal", "request_line_refusal"]
+__all__ = ["HeadScanner", "HeadTooLarge", "framing_error", "head_end", "head_refusal", "request_line_refusal"]
 
-_ENDS = (b"\r\n\r\n", b"\n\n")
+
+def head_end(data: bytes) -> int:
+    """Where the first head in `data` ends: the index after its empty line (CRLF CRLF, or a bare LF
+    LF, which llhttp accepts too), or -1. The bare form is looked for only before the CRLF one."""
+    crlf = data.find(b"\r\n\r\n")
+    lf = data.find(b"\n\n", 0, crlf + 4) if crlf >= 0 else data.find(b"\n\n")
+    if lf >= 0 and (crlf < 0 or lf + 2 < crlf + 4):
+        return lf + 2
+    return crlf + 4 if crlf >= 0 else -1
 
 
 class HeadTooLarge(Exception):
@@ -30,10 +38,10 @@ class HeadScanner:
         """True when the head ended within `data`; raises HeadTooLarge past the bound."""
         if self.request_line is None:
             self._find_request_line(data)
-        window = self._tail + data
-        ends = [i + len(end) for end in _ENDS if (i := window.find(end)) >= 0]
-        if ends:
-            used = min(ends) - len(self._tail)
+        window = self._tail + data if self._tail else data
+        end = head_end(window)
+        if end >= 0:
+            used = end - len(self._tail)
             self.size += used
             self._tail = b""
             if self.size > self._limit:
@@ -105,17 +113,24 @@ def head_refusal(
         return 505, _PHRASES[505]
     if method == "TRACE":
         return 405, _PHRASES[405]
-    names = [name.lower() for name, _ in headers]
-    hosts = names.count("host")
+    hosts = expects = 0
+    codings: list[str] = []
+    for name, value in headers:  # one pass, the names compared by length first (most are neither)
+        size = len(name)
+        if size == 4 and name.lower() == "host":
+            hosts += 1
+        elif size == 6 and name.lower() == "expect":
+            expects += 1
+        elif size == 17 and name.lower() == "transfer-encoding":
+            codings.append(value)
     if hosts > 1:
         return 400, "the request has more than one Host header"
     if hosts == 0 and version >= (1, 1):
         return 400, "an HTTP/1.1 request must have a Host header"
-    if names.count("expect") > 1:
+    if expects > 1:
         return 400, "the request has more than one Expect header"
     if not target.startswith("/") and "@" in target.partition("://")[2].split("/", 1)[0].split("?", 1)[0]:
         return 400, "the request target must not carry userinfo"
-    codings = [value for name, value in headers if name.lower() == "transfer-encoding"]
     if codings and version >= (1, 1) and ", ".join(codings).strip().lower() != "chunked":
         return 501, _NOT_CHUNKED
     return None

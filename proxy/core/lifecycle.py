@@ -82,8 +82,10 @@ class Close(StrEnum):
     NOW = "now"  # closed at once, nothing more read: a client too slow to send, shutdown, one gone
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Answer:
+    # (Not frozen, like the other records made on every request: a frozen dataclass takes three times the
+    # work to make, an object.__setattr__ per field; nothing assigns to one once made.)
     reason: Reason
     cancel: Cancellation | None = None  # count this cancellation and close the upstream connection
     drain: bool = False  # read the upstream to its end for its usage (--on-abandon drain), then close

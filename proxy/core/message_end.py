@@ -14,6 +14,8 @@ wrong parse.
 
 from __future__ import annotations
 
+from proxy.core.http_head import head_end
+
 __all__ = ["MessageEnd"]
 
 _HEAD, _LENGTH, _CHUNK_LINE, _CHUNK_DATA, _TRAILERS, _UNKNOWN = range(6)
@@ -55,7 +57,7 @@ class MessageEnd:
         when the end is not in `data`)."""
         state = self._state
         if state == _HEAD:
-            return self._cut_head(bytes(data))
+            return self._cut_head(data if type(data) is bytes else bytes(data))
         if state == _LENGTH:
             used = min(self._left, len(data))
             self._left -= used
@@ -71,11 +73,11 @@ class MessageEnd:
             if start == len(data):
                 return len(data)
             self._seen_head = True
-        window = self._tail + data[start:]
-        ends = [i + len(end) for end in (b"\r\n\r\n", b"\n\n") if (i := window.find(end)) >= 0]
-        if ends:
+        window = self._tail + data[start:] if self._tail or start else data
+        end = head_end(window)
+        if end >= 0:
             behind, self._tail = len(self._tail), b""  # (the window starts that many bytes before `data`)
-            return start + min(ends) - behind
+            return start + end - behind
         self._tail = window[-3:]
         return len(data)
 

@@ -144,6 +144,12 @@ class SSEReader:
 
     def feed(self, chunk: bytes) -> list[Event | StatusBlock]:
         """Take the next bytes of the stream; return the items they complete, in order."""
+        n = len(chunk)
+        if (n <= self._max and chunk.startswith(b"data: ") and chunk.find(b"\n") == n - 2 and chunk.endswith(b"\n\n")
+                and self.idle and b"\r" not in chunk):  # fmt: skip
+            # The usual read: one whole one-line `data:` event, nothing buffered, no CR ever (what
+            # `_run` and `_parse_event` make of it, and the state stays idle).
+            return [Event(chunk, None, chunk[6:-2], True)]
         if self._at_start:
             chunk = self._strip_bom(chunk)
         if not chunk:

@@ -67,7 +67,8 @@ def _phrase(status: int) -> str:
 
 
 class ClientWriter:
-    __slots__ = ("_chunked", "_closing", "_ended", "_held_head", "ex", "life", "request", "response", "stall_timeout")
+    __slots__ = ("_body", "_chunked", "_closing", "_ended", "_held_head", "_status", "ex", "life", "request",
+                 "stall_timeout")  # fmt: skip
 
     def __init__(self, request: ClientRequest, ex: ExchangeRecord, life: Lifecycle, stall_timeout: float) -> None:
         self.request = request
@@ -76,7 +77,8 @@ class ClientWriter:
         self._ended = False  # the body's end (its last chunk) went out: once only
         self.life = life
         self.stall_timeout = stall_timeout
-        self.response: ResponseHead | None = None
+        self._status: int | None = None  # the committed head's (its headers are not kept once written)
+        self._body = False  # `_body_allowed()`, fixed with the head: `write_raw` reads it once per piece
         self._chunked = False
         self._closing = not request.keep_alive  # the connection closes after this response
 
@@ -120,15 +122,16 @@ class ClientWriter:
         return raw + b"Date: " + _http_date() + b"\r\n\r\n"
 
     def _body_allowed(self) -> bool:
-        response = self.response
-        return response is not None and self.request.method != "HEAD" and response.status not in _NO_BODY
+        status = self._status
+        return status is not None and self.request.method != "HEAD" and status not in _NO_BODY
 
     # ---- writing ----------------------------------------------------------------------------------
 
     async def commit(self, head: ResponseHead, *, close: bool = False) -> None:
         """Send the status line and headers (once), and wait for the client to take them in."""
         self.commit_now(head, close=close)
-        await self.drained()
+        if self.paused:
+            await self.drained()
 
     def commit_now(self, head: ResponseHead, *, close: bool = False, hold: bool = False) -> None:
         """Hand the status line and headers to the transport (once): from here the exchange is
@@ -136,10 +139,10 @@ class ClientWriter:
 
         `hold`: the head waits for the first body bytes and goes out with them in one write (one
         system call, one packet) until `flush_head`; a held stream's first events come right after."""
-        if self.response is not None:
+        if self._status is not None:
             return
-        self.response = head
-        self.ex.status = head.status
+        self._status = self.ex.status = head.status
+        self._body = self._body_allowed()
         self.life.committed_now()
         data = self._head(head, length=head.content_length, close=close)
         if hold:
@@ -155,10 +158,11 @@ class ClientWriter:
             transport.write(held)
 
     async def write(self, data: bytes) -> None:
-        assert self.response is not None, "commit first"
+        assert self._status is not None, "commit first"
         if not self.write_raw(data):
             raise ClientGone("the client closed the connection")
-        await self.drained()
+        if self.paused:
+            await self.drained()
 
     def write_raw(self, data: bytes) -> bool:
         """Write `data` as the next piece of the body, framed; False when the client is gone.
@@ -169,7 +173,7 @@ class ClientWriter:
         if transport is None or transport.is_closing():
             return False
         self.ex.bytes_out += len(data)
-        if not self._body_allowed():
+        if not self._body:
             self.flush_head()
             return True
         framed = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
@@ -190,10 +194,15 @@ class ClientWriter:
 
     async def finish(self) -> None:
         """The body is complete: its end goes out (the last chunk, once), and the client takes it in."""
+        self.finish_now()
+        if self.paused:
+            await self.drained()
+
+    def finish_now(self) -> None:
+        """The body's end (the last chunk, once) handed to the transport; `drained` waits for the client."""
         if self._chunked and self._body_allowed() and not self._ended:
             self._ended = True
             self._send(b"0\r\n\r\n")
-        await self.drained()
 
     def whole_now(
         self,
@@ -212,8 +221,9 @@ class ClientWriter:
         if content_type is not None:
             headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
             headers["Content-Type"] = content_type
-        head = self.response = ResponseHead(status, headers, reason=reason)
-        self.ex.status = status
+        head = ResponseHead(status, headers, reason=reason)
+        self._status = self.ex.status = status
+        self._body = self._body_allowed()
         self.life.committed_now()
         data = self._head(head, length=len(body), close=close)
         self._send(data + body if self._body_allowed() else data)
@@ -244,6 +254,12 @@ class ClientWriter:
         if self._held_head:
             data, self._held_head = self._held_head + data, b""
         transport.write(data)
+
+    @property
+    def paused(self) -> bool:
+        """The client's transport is past its high-water mark: `drained` has something to wait for
+        (a caller that checks this first makes no coroutine on the common path)."""
+        return self.request.channel.writing_paused
 
     async def drained(self) -> None:
         """Until the client has taken in what was written (down to the transport's low-water mark)."""

@@ -53,6 +53,15 @@ class Deadline:
             self._handle = loop.call_soon(self._fire) if when <= loop.time() else loop.call_at(when, self._fire)
 
     async def __aenter__(self) -> Deadline:
+        return self.__enter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __enter__(self) -> Deadline:
+        """(A plain `with` inside the task works as well as `async with`, and makes no coroutines.)"""
         if self._entered:
             raise RuntimeError("a deadline is entered once")
         task = asyncio.current_task(self._loop)
@@ -62,7 +71,7 @@ class Deadline:
         self.reschedule(self._when)
         return self
 
-    async def __aexit__(
+    def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._exited = True

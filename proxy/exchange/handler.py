@@ -27,7 +27,7 @@ from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.exchange.deadline import Deadline
 from proxy.exchange.drain import drain
 from proxy.exchange.errors import Cause, Interrupted, Interrupter, Refusal, UpstreamFailure, first_byte_timeout, told
-from proxy.exchange.reply import carry_out, settle
+from proxy.exchange.reply import carry_out, settle, settle_now
 from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
 from proxy.exchange.resume_io import Resuming, continuation_headers, count_tokens, open_continuation
 from proxy.exchange.state import ProxyState
@@ -140,7 +140,7 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     data = body if body or request.method not in _NO_BODY_METHODS else None
     life.sent()
     try:
-        async with Deadline(state.loop, cfg.first_byte_timeout) as deadline:
+        with Deadline(state.loop, cfg.first_byte_timeout) as deadline:
             flight.interrupter.watch_deadline(deadline)
             sending = state.upstream.request(request.method, target, headers, data)
             if life.drain_on_abandon:  # the request must outlive this handler if its client leaves
@@ -158,7 +158,11 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     if resumer is None or not resumer.possible:
         state.body_budget.give_back(ex.body_reserved)
         ex.body_reserved = 0
-    del body, data
+    # What only the request needed is not kept while a stream runs (its headers are, for a
+    # continuation, which resends them).
+    del body, data, sending, deadline
+    if resumer is None:
+        del headers
     ex.upstream_status = head.status
     if not 200 <= head.status <= 599:  # an unrequested 101 (Upgrade is hop-by-hop, never sent), or junk
         message = f"the upstream answered with status {head.status}, which is not passed on"
@@ -245,7 +249,8 @@ async def _tell(
         return
     if go_on:
         assert answer is not None
-        await settle(out, answer)
+        if not settle_now(out, answer):
+            await settle(out, answer)
 
 
 async def _tell_bug(flight: _Flight, answer: Answer | None) -> None:

@@ -40,7 +40,7 @@ from proxy.exchange.client_writer import ClientStalled, ClientWriter
 from proxy.observe.books import Books
 from proxy.observe.request_ids import new_request_id
 
-__all__ = ["carry_out", "refuse_connection", "settle", "write_error"]
+__all__ = ["carry_out", "refuse_connection", "settle", "settle_now", "write_error"]
 
 _OTHER = DIALECTS["other"]
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
@@ -96,13 +96,30 @@ def write_error(
 async def settle(out: ClientWriter, answer: Answer) -> None:
     """After `carry_out`: the body's end (a stream's last chunk), the client taking the reply in, and
     the connection's close as the answer's `close` says."""
+    if settle_now(out, answer):
+        return
     try:
-        await out.finish()
+        await out.drained()
     except (ClientStalled, ConnectionError):  # the verdict stands; the client simply did not take it
         out.cut()
         return
     if answer.close is Close.NOW:
         out.close_now()
+
+
+def settle_now(out: ClientWriter, answer: Answer) -> bool:
+    """`settle` when there is nothing to wait for (the common case: no coroutine): True when done,
+    False when the client must first take the reply in (then `await settle`)."""
+    try:
+        out.finish_now()
+    except ConnectionError:  # the verdict stands; the client simply did not take it
+        out.cut()
+        return True
+    if out.paused:
+        return False
+    if answer.close is Close.NOW:
+        out.close_now()
+    return True
 
 
 def refuse_connection(

@@ -58,6 +58,10 @@ class Line(Enum):
     SENT = "sent"
 
 
+# As plain names for the per-read path (one lookup, not two: proxy/server/speedups.py says why it counts).
+_HELD, _DUE, _SENT = Line.HELD, Line.DUE, Line.SENT
+
+
 class Need(Enum):
     COMMIT = "commit"
     DONE = "done"
@@ -115,7 +119,11 @@ class StreamRelay:
     def body(self, data: bytes) -> None:
         if self._final is None and self.resume_reason is None:
             self._last_heard = self._loop.time()
-            self._run(self._guard.feed, data)
+            try:  # (`_run`, spelt out: this runs once per read)
+                self._carry(self._guard.feed(data))
+            except Exception as exc:
+                self.bug = exc
+                self._finish(Need.BUG)
 
     def end(self) -> None:
         if self._final is None and self.resume_reason is None:
@@ -224,18 +232,24 @@ class StreamRelay:
             self._finish(Need.BUG)
 
     def _carry(self, step: Step) -> None:
-        ex = self.ex
         if step.content_events:
+            ex = self.ex
             now = time.monotonic()
             if step.first_content and ex.first_content_at is None:
                 ex.first_content_at = now
-            ex.note_content(now, step.content_events)
-        if step.commit and self._line is Line.HELD:
+            gaps = ex.gaps
+            if gaps is None:
+                ex.note_content(now, step.content_events)
+            else:
+                gaps.note(now, step.content_events)  # (what `note_content` does once they exist)
+        line = self._line
+        if step.commit and line is _HELD:
             self._ask()  # (before an ending in the same step: the content before it commits the 200)
+            line = self._line
         if step.done:
             self._ended(step)
             return
-        sent = self._line is Line.SENT
+        sent = line is _SENT
         if step.resume is not None:  # --resume-on-cut: nothing more from this upstream
             self.resume_reason = step.resume
             self._link.pause_reading()
@@ -245,12 +259,14 @@ class StreamRelay:
                 return
             # (else the status line is due first: `committed` asks for the continuation after it)
         if not sent:
-            if step.commit or step.data or self._line is Line.DUE:
+            if step.commit or step.data or line is _DUE:
                 self._pending.append(step.data)
                 self._ask()
             return
-        if step.data:
-            self._write(step.data)
+        if step.data:  # (`_write`, spelt out: once per read)
+            out = self._out
+            if out is None or not out.write_raw(step.data):
+                self._conclude(self._life.client_gone(), b"", None)
 
     def _ended(self, step: Step) -> None:
         """The guard's final step: the lifecycle's verdict on it, and its answer carried out."""
@@ -416,9 +432,11 @@ async def relay_stream(
     continuation's connection replaces the upstream's, or the relay gives up as the stream would have
     ended without the flag.
     """
-    response = stream_response(head)
+    response: ResponseHead | None = None  # the held status line, until written (not kept while the stream runs)
     if cfg.hold_headers <= 0:
-        await out.commit(response)
+        await out.commit(stream_response(head))
+    else:
+        response = stream_response(head)
     relay = StreamRelay(link, guard, life, ex, cfg, out)
     interrupter.watch(relay.interrupt)
     link.attach(relay)
@@ -426,7 +444,9 @@ async def relay_stream(
         while True:
             need = await relay.wait()
             if need is Need.COMMIT:
+                assert response is not None  # (the status line is due once)
                 out.commit_now(response, hold=True)  # (the relay hears a client that stops reading: no wait)
+                response = None
                 relay.committed()  # the events the guard passed meanwhile carry the head, in one write
                 out.flush_head()
             elif need is Need.DONE:  # the relay carried out the lifecycle's answer

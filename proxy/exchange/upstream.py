@@ -27,9 +27,12 @@ from proxy.exchange.flow import BodyBuffer
 __all__ = ["HIGH_WATER", "BodyReader", "BodySink", "UpstreamHead", "UpstreamLink", "UpstreamPool"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UpstreamHead:
     """The upstream's status line and headers (interim 1xx responses are skipped before it)."""
+
+    # (Not frozen, like the other records made on every request: a frozen dataclass takes three times the
+    # work to make, an object.__setattr__ per field; nothing assigns to one once made.)
 
     status: int
     reason: str
@@ -118,6 +121,17 @@ class BodyReader(BodyBuffer):
         self._tail_bytes = size
         self.tail = start[-size:]
 
+    def read_now(self) -> bytes | None:
+        """`read` when something (or the end) has come: no wait, no coroutine; None when it would wait."""
+        return self.read_ready() if self.ready else None
+
+    def read_ready(self) -> bytes:
+        data = self.take()
+        if self._tail_bytes and data:
+            size = self._tail_bytes
+            self.tail = data[-size:] if len(data) >= size else (self.tail + data)[-size:]
+        return data
+
     async def read(self, idle: float) -> bytes:
         """What came since the last read; b"" at the end. Raises the failure, or a stall after `idle` s."""
         if not self.ready:
@@ -126,8 +140,4 @@ class BodyReader(BodyBuffer):
                     await self.wait()
             except TimeoutError:
                 raise stalled(idle) from None
-        data = self.take()
-        if self._tail_bytes and data:
-            size = self._tail_bytes
-            self.tail = data[-size:] if len(data) >= size else (self.tail + data)[-size:]
-        return data
+        return self.read_ready()

@@ -41,7 +41,9 @@ async def read_bounded(reader: BodyReader, limit: int, idle: float) -> tuple[byt
     pieces: list[bytes] = []
     size = 0
     while size <= limit:
-        piece = await reader.read(idle)
+        piece = reader.read_now()
+        if piece is None:
+            piece = await reader.read(idle)
         if not piece:
             return b"".join(pieces), True
         pieces.append(piece)
@@ -89,7 +91,8 @@ async def respond_whole(
                 headers.popall("Content-Length", None)
                 out.whole_now(head.status, body, headers, reason=head.reason or None, content_type=None)
             _cut_on_shutdown(interrupter, life, out, dialect)
-            await out.drained()
+            if out.paused:
+                await out.drained()
             return life.body_ended(verdict)
     tail = checked and 200 <= head.status < 300  # its usage is read from its end
     await _copy_through(reader, head, out, life, ex, prefix, idle_timeout, interrupter, dialect, keep_tail=tail)

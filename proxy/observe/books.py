@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["Books", "ExchangeRecord", "abort_phase", "is_scrape", "log_level"]
 
 _SCRAPE_PATHS = frozenset({"/metrics", "/metrics/"})
+# The request line's fields that can carry a client's or the upstream's text (the rest are numbers, the
+# peer's address and the proxy's own words): the only ones the line's cleaning must look at.
+_EXTERNAL = ("request_id", "method", "path", "model", "client", "upstream_message", "cause")
 
 
 def is_scrape(ex: ExchangeRecord) -> bool:
@@ -165,7 +168,7 @@ class Books:
         level = log_level(outcome, reason)
         line = getattr(self.logger, "line", None)
         if line is not None:  # `proxy.observe.logs.Logger`: the line in one step
-            line(level, "request", fields)
+            line(level, "request", fields, external=_EXTERNAL if not extra else None)
         else:
             getattr(self.logger, level)("request", **fields)
 

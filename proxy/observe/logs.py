@@ -119,17 +119,20 @@ class Logger:
         """What is held is written now, and every line from here on at once (shutdown's end)."""
         self._lines.release()
 
-    def line(self, level: str, event: str, fields: dict[str, Any]) -> None:
+    def line(self, level: str, event: str, fields: dict[str, Any], *, external: tuple[str, ...] | None = None) -> None:
         """`getattr(logger, level)(event, **fields)`, the JSON line rendered without the chain.
 
-        `fields` becomes the line itself (not copied): the caller hands over a dict it made for it."""
+        `fields` becomes the line itself (not copied): the caller hands over a dict it made for it.
+        `external`: the only keys whose values can come from outside (a client, the upstream), the
+        only ones cleaned besides the bound context's; None: every string is."""
         if _LEVELS[level] < self._lowest:
             return
         if not self._json:
             getattr(self._bound, level)(event, **fields)
             return
         out = {**self._context, **fields} if self._context else fields
-        for key, value in out.items():  # (clean_text's own fast test, inlined: most values pass it)
+        for key in out if external is None or self._context else external:
+            value = out.get(key)  # (clean_text's own fast test, inlined: most values pass it)
             if (type(value) is str and not (len(value) <= MAX_LOGGED_STRING and value.isascii() and value.isprintable())
                     and key not in _RAW_KEYS):
                 out[key] = clean_text(value)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from enum import IntEnum
@@ -57,9 +56,10 @@ __all__ = ["LINGERING_SECONDS", "MAX_PARSED_AHEAD", "ClientConnection", "Connect
 LINGERING_SECONDS = 5.0  # reading and discarding an unread request body before the close (nginx: 5 s)
 MAX_PARSED_AHEAD = 1  # pipelined requests parsed and waiting behind the one in progress
 _BAD_BODY = "the request body's chunked framing is not valid HTTP/1.1"
-# Why reading is paused (it resumes when none is left): a body's unread bytes past their high-water
-# mark, the parse-ahead bound, or the end of parsing (a refusal, garbage, an upgrade: then the close).
-_BODY, _PIPELINE, _STOP = "body", "pipeline", "stop"
+# Why reading is paused (it resumes when none is left), one bit each: a body's unread bytes past their
+# high-water mark, the parse-ahead bound, or the end of parsing (a refusal, garbage, an upgrade: then
+# the close).
+_BODY, _PIPELINE, _STOP = 1, 2, 4
 _Handler = Callable[[ClientRequest], Coroutine[Any, Any, object]]
 
 
@@ -146,7 +146,9 @@ class ClientConnection(asyncio.Protocol):
         self._rules = port.rules
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpRequestParser(self)
+        # (None once the transport is lost: the parser holds this protocol's bound methods, a cycle
+        # that would leave the connection to the cyclic GC instead of refcounting)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._head: HeadScanner | None = HeadScanner(port.rules.max_header_size)
         self.state = State.OPEN
         self._timer: asyncio.TimerHandle | None = None  # the state's deadline (header, keep-alive, lingering)
@@ -154,13 +156,15 @@ class ClientConnection(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[str, str]] = []
         self._parsing: ClientRequest | None = None  # the request whose head or body is arriving
-        self._queue: deque[ClientRequest] = deque()  # parsed, waiting for the one before to be answered
+        # Parsed, waiting for the one before to be answered (at most MAX_PARSED_AHEAD: a list, not a
+        # deque, whose first block alone is ~600 bytes per connection).
+        self._queue: list[ClientRequest] = []
         self._current: ClientRequest | None = None
         self._task: asyncio.Task[None] | None = None
-        self._complete: set[ClientRequest] = set()  # requests whose body was received to its end
+        self._complete: list[ClientRequest] = []  # requests whose body was received to its end (a few)
         self._peer: str | None = None
         # Flow control, apart from the state (a connection in any state may be paused either way):
-        # writing paused by the transport; reading paused while `_blocks` holds a reason (`_reading`
+        # writing paused by the transport; reading paused while `_blocks` holds a reason bit (`_reading`
         # mirrors the transport, `_release_due` says a resume is already scheduled).
         self.writing_paused = False
         self.flow_hooks: tuple[Callable[[], None], Callable[[], None]] | None = None  # a stream relay's
@@ -170,7 +174,7 @@ class ClientConnection(asyncio.Protocol):
         self._too_large = False  # the head llhttp is parsing passed the bound: its refusal is a 431
         self._cutter = MessageEnd()
         self._unparsed = b""  # read but not fed to llhttp: held while reading is paused
-        self._blocks: set[str] = set()
+        self._blocks = 0
         self._release_due = False
         self._refusals: dict[ClientRequest, tuple[int, str]] = {}  # pipelined heads refused in their turn
         self.peak_parsed_ahead = 0
@@ -238,6 +242,7 @@ class ClientConnection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionResetError("the client closed the connection"))
         self.transport = None
+        self._parser = None
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -283,12 +288,14 @@ class ClientConnection(asyncio.Protocol):
     def _feed(self, data: bytes) -> None:
         """Feed what came, cut at each request's end; hold the rest once reading is paused."""
         view = memoryview(data)
+        whole = True  # (the cutter is given the bytes themselves while the view is all of them: no copy)
         while view:
             lingering = self.state is State.LINGERING
             if self._blocks and not lingering:
                 self._unparsed = bytes(view)
                 return
-            size = len(view) if lingering else self._cutter.cut(view)
+            size = len(view) if lingering else self._cutter.cut(data if whole else view)
+            whole = False
             if not self._parse(view[:size]):
                 self._unparsed = b""
                 return
@@ -297,8 +304,11 @@ class ClientConnection(asyncio.Protocol):
 
     def _parse(self, piece: memoryview) -> bool:
         """One piece to llhttp; False when nothing more is to be parsed on this connection."""
+        parser = self._parser
+        if parser is None:
+            return False
         try:
-            self._parser.feed_data(piece)
+            parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
             self._to(State.CLOSING)  # (Upgrade is hop-by-hop: the request is answered, then the close)
             self._block(_STOP)
@@ -324,14 +334,14 @@ class ClientConnection(asyncio.Protocol):
             self._to(State.CLOSING)  # garbage behind a request: it is answered, then the close
             self._block(_STOP)
 
-    def _block(self, why: str) -> None:
-        self._blocks.add(why)
+    def _block(self, why: int) -> None:
+        self._blocks |= why
         if self._reading and self.transport is not None and self.state is not State.CLOSED:
             self._reading = False
             self.transport.pause_reading()
 
-    def _unblock(self, why: str) -> None:
-        self._blocks.discard(why)
+    def _unblock(self, why: int) -> None:
+        self._blocks &= ~why
         if not self._blocks and not self._release_due and self.state is not State.CLOSED:
             self._release_due = True
             self._loop.call_soon(self._release)  # (not inside the reader's or the answer's call)
@@ -372,15 +382,18 @@ class ClientConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         parser = self._parser
-        raw = self._url.decode("utf-8", "surrogateescape")
+        assert parser is not None  # (a callback of its own feed)
+        # (the head's pieces, taken: not kept on the connection while the request runs)
+        url, headers, self._url, self._headers = self._url, self._headers, b"", []
+        raw = url.decode("utf-8", "surrogateescape")
         try:
-            path = unquote(httptools.parse_url(self._url).path.decode("utf-8", "surrogateescape"))
+            path = unquote(httptools.parse_url(url).path.decode("utf-8", "surrogateescape"))
         except httptools.HttpParserInvalidURLError:
             path = raw
         major, _, minor = parser.get_http_version().partition(".")
         method, version = parser.get_method().decode("ascii", "replace"), (int(major), int(minor or 0))
         request = ClientRequest(
-            self, method, raw, path, version, CIMultiDictProxy(CIMultiDict(self._headers)),
+            self, method, raw, path, version, CIMultiDictProxy(CIMultiDict(headers)),
             remote=self._peer, keep_alive=parser.should_keep_alive(),
         )
         self._cutter.framed(request.content_length, "Transfer-Encoding" in request.headers)
@@ -388,7 +401,7 @@ class ClientConnection(asyncio.Protocol):
         self._disarm()  # (the header deadline is met; in IDLE, a held request's head ends the keep-alive wait)
         if self.state is State.IDLE:
             self._to(State.OPEN)
-        if (refusal := head_refusal(method, version, raw, self._headers)) is not None:
+        if (refusal := head_refusal(method, version, raw, headers)) is not None:
             self._refuse_head(request, refusal)
             return
         self._parsing = request
@@ -425,7 +438,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self._cutter.ended()
         if request is not None:
-            self._complete.add(request)
+            self._complete.append(request)
             request.content.feed_eof()
         if self._current is not None or self._queue:
             self._head = None  # a pipelined request's head: measured when its turn comes
@@ -468,7 +481,8 @@ class ClientConnection(asyncio.Protocol):
         self._task = None
         self.flow_hooks = None
         whole = request in self._complete
-        self._complete.discard(request)
+        if whole:
+            self._complete.remove(request)
         transport = self.transport
         if transport is None or self.state is State.CLOSED or transport.is_closing():
             return
@@ -479,7 +493,7 @@ class ClientConnection(asyncio.Protocol):
             transport.close()
             return
         if self._queue:
-            self._start(self._queue.popleft())
+            self._start(self._queue.pop(0))
             if len(self._queue) < MAX_PARSED_AHEAD:
                 self._unblock(_PIPELINE)
             return
@@ -493,7 +507,7 @@ class ClientConnection(asyncio.Protocol):
         assert self.transport is not None
         self._to(State.LINGERING)
         self._queue.clear()
-        self._blocks.clear()
+        self._blocks = 0
         self._unblock(_PIPELINE)
         self._arm(LINGERING_SECONDS, self.close_now)
 

@@ -35,6 +35,7 @@ from proxy.server.app import (
 )
 from proxy.server.connections import MainPort
 from proxy.server.fdlimit import connection_limit, raise_fd_limit
+from proxy.server.speedups import drop_enum_lookup_hook
 
 __all__ = ["DRAINING_HINT", "Server", "StartupError", "check_upstream", "run_loop", "serve"]
 
@@ -286,6 +287,7 @@ def serve(config: Config) -> None:
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
     """uvloop when it is installed (the `speed` extra), else asyncio's own loop."""
+    drop_enum_lookup_hook()
     try:
         import uvloop
     except ImportError:

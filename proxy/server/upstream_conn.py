@@ -65,6 +65,10 @@ _NEXT: Final[dict[Response, frozenset[Response]]] = {
     Response.FAILED: frozenset(),
 }
 _ANSWERED: Final = frozenset({Response.IDLE, Response.DONE, Response.FAILED})  # no byte is awaited
+# The states as plain names for the methods below, which run per header and per body piece: a global is
+# one lookup where `Response.BODY` is two (and on 3.11 a Python-level hook, where the process has not
+# dropped it: proxy/server/speedups.py).
+_IDLE, _WAITING, _INTERIM, _BODY, _DONE, _FAILED = Response  # (in definition order)
 
 
 class _Stray(Exception):
@@ -91,8 +95,10 @@ class UpstreamConnection(asyncio.Protocol):
     def __init__(self, on_lost: Callable[[UpstreamConnection], None]) -> None:
         self._on_lost = on_lost
         self.loop = asyncio.get_running_loop()
-        self._parser = httptools.HttpResponseParser(self)
-        self.response = Response.IDLE
+        # (None once the transport is lost: the parser holds this protocol's bound methods, a cycle
+        # that would leave the connection to the cyclic GC instead of refcounting)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
+        self.response = _IDLE
         self._waiter: asyncio.Future[UpstreamHead] | None = None
         self._sink: BodySink | None = None
         self._pending: list[bytes] = []  # body pieces not yet given to the sink (one batch per read)
@@ -121,7 +127,7 @@ class UpstreamConnection(asyncio.Protocol):
     def send(self, request: bytes, body: bytes | bytearray | None, *, head_only: bool) -> asyncio.Future[UpstreamHead]:
         """Write one request; the future resolves with the response head (or an `UpstreamFailure`)."""
         assert self.transport is not None
-        self._to(Response.WAITING)
+        self._to(_WAITING)
         self._sink, self._pending, self._failure, self._told = None, [], None, False
         self._headers, self._reason, self._head_size, self._interim = CIMultiDict(), b"", 0, 0
         self._head_only, self._until_eof, self.reusable = head_only, False, False
@@ -139,14 +145,15 @@ class UpstreamConnection(asyncio.Protocol):
 
     def detach(self) -> None:
         """The exchange is done with it: the connection keeps nothing of it (no relay, guard or record
-        lives on while it sits in the pool)."""
+        lives on while it sits in the pool), nor of the response's head (the next `send` starts a new one)."""
         self._sink = None
         self._pending = []
         self._waiter = None
+        self._headers, self._reason = CIMultiDict(), b""
 
     @property
     def complete(self) -> bool:
-        return self.response is Response.DONE and not self.closed
+        return self.response is _DONE and not self.closed
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed:
@@ -170,11 +177,14 @@ class UpstreamConnection(asyncio.Protocol):
         if self.response in _ANSWERED:
             self.close()  # bytes no request asked for: no client may ever read them
             return
+        parser = self._parser
+        if parser is None:
+            return
         self._feeding = True
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserCallbackError:
-            if self.response is Response.DONE:  # (_Stray) the response is whole; the connection is not reusable
+            if self.response is _DONE:  # (_Stray) the response is whole; the connection is not reusable
                 self.close()
                 return
             self._fail(Reason.BAD_UPSTREAM_RESPONSE, _BAD_RESPONSE)
@@ -190,19 +200,20 @@ class UpstreamConnection(asyncio.Protocol):
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
-        if self.response in (Response.WAITING, Response.INTERIM):
+        if self.response in (_WAITING, _INTERIM):
             self._fail(Reason.CONNECT_FAILED, _CLOSED_EARLY)
-        elif self.response is Response.BODY:
+        elif self.response is _BODY:
             if self._until_eof and exc is None:
                 self._complete()  # a body framed by the close ends with it
             else:
                 self._fail(Reason.STREAM_CUT, _CUT)
+        self._parser = None
         self._on_lost(self)
 
     # ---- llhttp's callbacks -----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self.response is Response.DONE:
+        if self.response is _DONE:
             raise _Stray
 
     def on_status(self, status: bytes) -> None:
@@ -211,17 +222,19 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._grow(len(name) + len(value) + 4)  # (trailers too: a flood of them is bounded with the head)
-        if self.response is not Response.WAITING:
+        if self.response is not _WAITING:
             return  # a chunked body's trailer: dropped, as nginx does (never a response header)
         self._headers.add(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
 
     def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
+        parser = self._parser
+        assert parser is not None  # (a callback of its own feed)
+        status = parser.get_status_code()
         if 100 <= status < 200:
             self._interim += 1
             if status == 101 or self._interim > MAX_INTERIM:
                 raise ValueError("an unrequested upgrade, or an interim flood")
-            self._to(Response.INTERIM)  # its (empty) message completes next; the real head follows
+            self._to(_INTERIM)  # its (empty) message completes next; the real head follows
             self._headers, self._reason, self._head_size = CIMultiDict(), b"", 0
             return
         headers = self._headers
@@ -230,7 +243,7 @@ class UpstreamConnection(asyncio.Protocol):
         chunked = is_chunked(headers.getall("Transfer-Encoding", ()))
         no_body = self._head_only or status in (204, 304)
         self._until_eof = not no_body and content_length is None and not chunked
-        self._to(Response.BODY)
+        self._to(_BODY)
         head = UpstreamHead(status, self._reason.decode("latin-1"), headers, content_length)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(head)
@@ -239,14 +252,15 @@ class UpstreamConnection(asyncio.Protocol):
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
-        if self.response is Response.BODY:
+        if self.response is _BODY:
             self._pending.append(body)
 
     def on_message_complete(self) -> None:
-        if self.response is Response.INTERIM:
-            self._to(Response.WAITING)
+        if self.response is _INTERIM:
+            self._to(_WAITING)
             return
-        if self.response is Response.BODY:
+        if self.response is _BODY:
+            assert self._parser is not None  # (a callback of its own feed)
             self.reusable = self._parser.should_keep_alive() and not self._until_eof
             self._complete()
 
@@ -262,7 +276,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.response = response
 
     def _complete(self) -> None:
-        self._to(Response.DONE)
+        self._to(_DONE)
         if not self._feeding:
             self._deliver()
 
@@ -271,15 +285,20 @@ class UpstreamConnection(asyncio.Protocol):
         sink = self._sink
         if sink is None:
             return
-        if self._pending:
-            pending, self._pending = self._pending, []
-            sink.body(pending[0] if len(pending) == 1 else b"".join(pending))
+        pending = self._pending
+        if pending:
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            pending.clear()  # (the same list for the next read: one list per response, not per read)
+            sink.body(data)
         if self._told:
             return
-        if self.response is Response.FAILED and self._failure is not None:
+        response = self.response
+        if response is _BODY:
+            return  # (the common case: more body to come)
+        if response is _FAILED and self._failure is not None:
             self._told = True
             sink.failed(self._failure)
-        elif self.response is Response.DONE:
+        elif response is _DONE:
             self._told = True
             sink.end()
 
@@ -290,9 +309,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.close()
         if state in _ANSWERED:
             return
-        self._to(Response.FAILED)
+        self._to(_FAILED)
         failure = self._failure = UpstreamFailure(reason, message)
-        if state is Response.BODY:
+        if state is _BODY:
             self._pending = []  # (a partial piece of a broken body is never passed on)
             if not self._feeding:
                 self._deliver()

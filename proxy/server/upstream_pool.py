@@ -60,7 +60,7 @@ class ConnectionPool:
     async def request(
         self, method: str, target: str, headers: CIMultiDict[str], body: bytes | bytearray | None
     ) -> tuple[UpstreamLink, UpstreamHead]:
-        connection = await self._acquire()
+        connection = self._idle_one() or await self._acquire()
         head = encode_request(method, self._prefix + target, self._host_header, headers, body)
         try:
             answer = connection.send(head, body, head_only=method == "HEAD")
@@ -97,14 +97,20 @@ class ConnectionPool:
 
     # ---- internals --------------------------------------------------------------------------------
 
+    def _idle_one(self) -> UpstreamConnection | None:
+        """The newest idle connection that is still reusable (the others close), or None."""
+        while self._idle:
+            connection = self._idle.pop()
+            self._idle_since.pop(connection, None)  # (its timer runs on: lazy, see `_expire`)
+            if connection.complete and connection.reusable:
+                return connection
+            connection.close()
+        return None
+
     async def _acquire(self) -> UpstreamConnection:
         while True:
-            while self._idle:
-                connection = self._idle.pop()
-                self._idle_since.pop(connection, None)  # (its timer runs on: lazy, see `_expire`)
-                if connection.complete and connection.reusable:
-                    return connection
-                connection.close()
+            if (idle := self._idle_one()) is not None:
+                return idle
             if not self.limit or self.open_connections < self.limit:
                 return await self._connect()
             waiter = asyncio.get_running_loop().create_future()

@@ -214,6 +214,8 @@ ADVERSARIAL = [
     "héllo wörld 日本".encode(),  # valid UTF-8: content
     b"a\x01b",  # a raw control character: malformed
     b"a\tb",
+    b"a\nb",  # a raw line end: the event ends early (a read of one event is not judged by its ends)
+    b"a\n\nb",
     b"\\x",  # an unknown escape: malformed
     b"a\\",  # a backslash escaping the closing quote
     b"a\\\\",  # an escaped backslash: content

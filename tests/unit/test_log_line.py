@@ -101,3 +101,34 @@ async def test_a_line_of_another_thread_is_written_at_once() -> None:
     logger.hold_lines(asyncio.get_running_loop())
     await asyncio.to_thread(logger.warning, "tracing_error")
     assert len(out.getvalue().splitlines()) == 1
+
+
+
+def test_every_text_the_books_write_in_a_request_line_is_cleaned() -> None:
+    """The books tell the line which of its fields can carry outside text (only those are cleaned):
+    every text field of the record is made hostile here, so a field added to the line without being
+    named there fails this test."""
+    from proxy.core.lifecycle import Outcome, Reason
+    from proxy.core.record import ExchangeRecord
+    from proxy.observe.books import Books
+    from proxy.observe.metrics import Metrics
+
+    dirty = "x\x1b[31m\x7f\ud800" + "y" * 300
+    ex = ExchangeRecord(dirty, dirty, dirty, "chat_completions", dirty)
+    for name, spec in ExchangeRecord.__dataclass_fields__.items():
+        if spec.type in ("str", "str | None") and name != "api":  # (the api is the dialect's name: ours)
+            setattr(ex, name, dirty)
+    ex.client_request_id = None  # (with an extra field, the line cleans every string anyway)
+    ex.outcome, ex.reason, ex.status = Outcome.ERROR, Reason.UPSTREAM_ERROR_FRAME, 502
+    out = io.StringIO()
+    Books(Metrics(), make_logger("json", "debug", out)).finish(ex)
+    line = out.getvalue()
+    assert line.count("\n") == 1
+    assert line.isascii()
+    assert "\x1b" not in line
+    assert "\x7f" not in line
+    texts = {key: value for key, value in orjson.loads(line).items() if isinstance(value, str) and "y" * 9 in value}
+    assert {"request_id", "method", "path", "model", "client", "upstream_message", "cause"} <= set(texts)
+    for key, value in texts.items():
+        assert value.startswith("x\\x1b[31m\\x7f\\ud800"), key  # escaped
+        assert len(value) < 300, key  # and cut at 256 characters

@@ -494,3 +494,20 @@ def test_status_block_at_any_chunking(case: tuple[bytes, bytes, bool], data: st.
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
     chunks = [stream[a:b] for a, b in itertools.pairwise([0, *cuts, len(stream)])]
     assert canonical(stream, run(chunks)) == canonical(stream, whole)
+
+
+def test_one_line_events_read_one_per_feed_are_those_events_and_leave_the_reader_idle() -> None:
+    reader = SSEReader()
+    assert reader.feed(b"data: a\n\n") == [Event(b"data: a\n\n", None, b"a", True)]  # (settles the BOM)
+    for raw in (b'data: {"x":1}\n\n', b"data: \n\n", b"data: HTTP/1.1 200 OK\n\n"):
+        assert reader.idle
+        assert reader.feed(raw) == [Event(raw, None, raw[6:-2], True)]
+    assert reader.idle
+    assert reader.feed(b"data: a\ndata: b\n\n") == [Event(b"data: a\ndata: b\n\n", None, b"a\nb", True)]
+    assert reader.feed(b"data: a\r\n\r\n") == [Event(b"data: a\r\n\r\n", None, b"a", True)]
+    assert not reader.idle  # a CR was seen: the general search from here on
+    assert reader.feed(b"data: b\n\n") == [Event(b"data: b\n\n", None, b"b", True)]
+    small = SSEReader(16)
+    small.feed(b"data: a\n\n")
+    with pytest.raises(EventTooLarge):
+        small.feed(b"data: " + b"x" * 20 + b"\n\n")  # (the bound holds for the quick read too)

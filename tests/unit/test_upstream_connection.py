@@ -4,6 +4,8 @@ batches and the end out to a sink, and what it refuses so the pool never mixes t
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 from multidict import CIMultiDict
@@ -246,3 +248,27 @@ async def test_a_send_while_a_response_is_under_way_is_refused() -> None:
     assert connection.response is Response.BODY
     with pytest.raises(AssertionError):
         connection.send(REQUEST, None, head_only=False)
+
+
+class _Traced(UpstreamConnection):
+    __slots__ = ("__weakref__",)
+
+
+async def test_a_lost_connection_is_freed_by_refcounting_not_left_to_the_cyclic_gc() -> None:
+    """A closed upstream connection (a cancelled stream's, say) is freed at once, parser and all."""
+    lost: list[UpstreamConnection] = []
+    connection = _Traced(lost.append)
+    connection.connection_made(FakeTransport())
+    waiter = connection.send(REQUEST, None, head_only=False)
+    connection.data_received(HEAD + chunk(b"data: a\n\n"))
+    await asyncio.wait_for(waiter, 5)
+    connection.attach(Sink())
+    gone = weakref.ref(connection)
+    gc.disable()
+    try:
+        connection.connection_lost(ConnectionResetError())
+        lost.clear()
+        del connection, waiter
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -37,11 +37,14 @@ class Kind(enum.Enum):
     ABORTED = enum.auto()  # the backend aborted the generation (vLLM's `finish_reason: "abort"`): a failure
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Usage:
     """What the upstream reported about the generation: token counts (either may be missing) and, for
     traces, the model that answered and why each choice stopped (not part of equality: the books
     compare counts)."""
+
+    # (Not frozen, like the other records made on every request: a frozen dataclass takes three times the
+    # work to make, an object.__setattr__ per field; nothing assigns to one once made.)
 
     prompt_tokens: int | None
     completion_tokens: int | None

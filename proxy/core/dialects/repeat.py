@@ -30,6 +30,7 @@ __all__ = ["ContentTemplate"]
 
 # A non-empty JSON string body, unquoted: no quote, backslash or control character except the
 # two-character escapes. `\u` escapes (surrogates!) are left to the parser.
+_PLAIN_TEXT = re.compile(rb"[\x20\x21\x23-\x5b\x5d-\x7f]+")  # no escape: the common text, the quickest check
 _ASCII_TEXT = re.compile(rb'(?:[\x20\x21\x23-\x5b\x5d-\x7f]|\\["\\/bfnrt])+')
 _ANY_TEXT = re.compile(rb'(?:[\x20\x21\x23-\x5b\x5d-\xff]|\\["\\/bfnrt])+')
 _MARK = "\x01\x02streamwarden-text\x03"  # stands in for the leaf while locating it
@@ -102,7 +103,11 @@ class ContentTemplate:
             return 0, start
         if self._mid is not None:
             return self._run_numbered(chunk, start, limit)
-        n, pos, count = len(chunk), start, 0
+        n = len(chunk)
+        if (n - start <= limit and chunk.startswith(head, start) and chunk.endswith(tail)
+                and _PLAIN_TEXT.fullmatch(chunk, start + len(head), n - len(tail)) is not None):  # fmt: skip
+            return 1, n  # the rest is one event (the usual read): its text holds no LF, it ends with the tail
+        pos, count = start, 0
         skip, keep = len(head), len(tail)
         while pos < n and chunk.startswith(head, pos):
             # No CR or LF in head, text or tail but the blank line that ends tail: the event ends at
@@ -110,7 +115,8 @@ class ContentTemplate:
             end = chunk.find(b"\n\n", pos + skip) + 2
             if end < 2 or end - pos > limit or not chunk.endswith(tail, pos, end):
                 break
-            if not _text(chunk, pos + skip, end - keep):
+            a, b = pos + skip, end - keep
+            if _PLAIN_TEXT.fullmatch(chunk, a, b) is None and not _text(chunk, a, b):  # (the usual text first)
                 break
             pos = end
             count += 1
@@ -218,6 +224,8 @@ def _number(data: bytes, a: int, b: int) -> bool:
 
 def _text(data: bytes, a: int, b: int) -> bool:
     """`data[a:b]` is a non-empty JSON string body that orjson reads (as a non-empty string)."""
+    if _PLAIN_TEXT.fullmatch(data, a, b) is not None:
+        return True
     if b <= a:
         return False
     if _ASCII_TEXT.fullmatch(data, a, b) is not None:
