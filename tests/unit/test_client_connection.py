@@ -335,7 +335,7 @@ def test_a_lost_connection_is_freed_by_refcounting_not_left_to_the_cyclic_gc() -
 
     async def test(loop: ClockLoop) -> None:
         handler = Handler()
-        connection = _Traced(MainPort(handler, rules=RULES, books=Books()))  # type: ignore[arg-type]
+        connection = _Traced(MainPort(handler, rules=RULES, books=books()))
         connection.connection_made(FakeTransport())
         connection.data_received(GET)
         await turns()
