@@ -15,7 +15,7 @@ CONSTRAINTS := constraints.txt
 IMAGE ?= streamwarden
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' proxy/__init__.py)
 
-.PHONY: install test test-real llama-server vllm tested-against lint run demo bench lock image docs clean
+.PHONY: install compiled test-compiled test test-real llama-server vllm tested-against lint run demo bench lock image docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@sh scripts/ensure-venv.sh $(PYTHON) $(VENV)
@@ -47,6 +47,21 @@ ifeq ($(strip $(PYTEST_ARGS)),)
 else
 	$(BIN)/pytest $(PYTEST_ARGS)
 endif
+
+# The mypyc-compiled build (scripts/mypyc_build.py): the proxy's modules compiled in place, each .so beside
+# its source, shadowing it; mypy and setuptools from the `compiled` extra. `make test-compiled` runs the
+# unit and loopback tiers against it, then removes the .so files: the tree is pure again, pass or fail.
+COMPILED_STAMP := $(VENV)/.compiled-stamp
+$(COMPILED_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[compiled]'
+	touch $(COMPILED_STAMP)
+
+compiled: $(COMPILED_STAMP)
+	$(BIN)/python scripts/mypyc_build.py
+
+test-compiled: compiled
+	$(BIN)/pytest -n 2 --dist loadfile tests/unit tests/loopback $(PYTEST_ARGS); status=$$?; \
+	  $(BIN)/python scripts/mypyc_build.py --clean; exit $$status
 
 # The real tier: llama.cpp's llama-server (built once into ~/.cache/streamwarden, 7-10 min on 2 cores).
 llama-server:
@@ -90,9 +105,9 @@ lock:
 	rm -rf .lock-venv
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install --quiet --upgrade pip
-	.lock-venv/bin/python -m pip install --quiet '.[test,speed,otel,demo]'
+	.lock-venv/bin/python -m pip install --quiet '.[test,speed,otel,demo,compiled]'
 	{ echo "# pip constraints: the versions \`make install\` and deploy/Dockerfile install. Regenerate: make lock"; \
-	  .lock-venv/bin/python -m pip freeze --all --exclude streamwarden --exclude setuptools; } > $(CONSTRAINTS)
+	  .lock-venv/bin/python -m pip freeze --all --exclude streamwarden; } > $(CONSTRAINTS)
 	rm -rf .lock-venv
 
 # The container image, tagged with the package version: make image IMAGE=registry.example.com/streamwarden
@@ -104,4 +119,5 @@ docs: $(STAMP)
 	$(BIN)/python scripts/gen_docs.py
 
 clean:
+	$(PYTHON) scripts/mypyc_build.py --clean
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -215,9 +215,10 @@ class SSEReader:
         n = len(data)
         pos = 0
         while pos < n:
-            if self._status is not None:
+            status = self._status  # (a local: compiled, a narrowed attribute would stay narrowed past the call)
+            if status is not None:
                 pos = self._status_body(data, pos, items)
-                if self._status is not None:
+                if self._status is status:  # still incomplete
                     break
                 continue
             c = pos + self._lead

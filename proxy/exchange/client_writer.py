@@ -23,6 +23,7 @@ from http import HTTPStatus
 from proxy.core.lifecycle import Lifecycle
 from proxy.core.record import ExchangeRecord
 from proxy.exchange.client import ClientRequest
+from proxy.exchange.client_gone import ClientGone
 
 __all__ = ["ClientGone", "ClientStalled", "ClientWriter", "ResponseHead"]
 
@@ -36,10 +37,6 @@ _date: tuple[int, bytes] = (0, b"")
 
 class ClientStalled(Exception):
     """The client stopped reading for longer than --client-stall-timeout."""
-
-
-class ClientGone(ConnectionResetError):
-    """The client's connection is closed."""
 
 
 class ResponseHead:

@@ -72,8 +72,8 @@ async def count_tokens(
         if interrupter.fired:
             raise interrupter.error() from exc
         raise TokenizeFailed(f"/tokenize did not answer within {within:g} s") from None
-    except UpstreamFailure as exc:
-        raise TokenizeFailed(f"/tokenize: {exc.message}") from exc
+    except UpstreamFailure as failure:  # (its own name: compiled, a reused except name keeps its first type)
+        raise TokenizeFailed(f"/tokenize: {failure.message}") from failure
     finally:
         if link is not None:
             if link.complete:
@@ -105,8 +105,8 @@ async def open_continuation(
         if interrupter.fired:
             raise interrupter.error() from exc
         raise ContinuationFailed(f"the upstream sent no response headers within {first_byte_timeout:g} s") from None
-    except UpstreamFailure as exc:
-        raise ContinuationFailed(exc.message) from exc
+    except UpstreamFailure as failure:
+        raise ContinuationFailed(failure.message) from failure
     content_type = head.headers.get("Content-Type", "")
     if 200 <= head.status < 300 and content_type.startswith("text/event-stream"):
         return link, head

@@ -30,7 +30,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from enum import Enum
-from typing import ParamSpec
+from typing import ParamSpec, cast
 
 from proxy.config import Config
 from proxy.core.guard import Failure, Step, StreamGuard
@@ -188,7 +188,9 @@ class StreamRelay:
 
     def relink(self, link: UpstreamLink) -> None:
         """Need.RESUME was answered with a continuation: its body comes next, through the same guard."""
-        self._link, self._final, self._broke, self.resume_reason = link, None, None, None
+        # (`_final` as declared, not narrowed to None: attaching may end the stream, and compiled code
+        # would trust the narrowing at the test below)
+        self._link, self._final, self._broke, self.resume_reason = link, cast("Need | None", None), None, None
         self._last_heard = self._last_sent = self._loop.time()
         link.attach(self)
         if self._paused:
@@ -354,7 +356,10 @@ class StreamRelay:
     def _tick(self) -> None:
         """The one timer: a stall, the end of the hold window, or a keep-alive comment is due."""
         self._clock = None
-        if self._final is not None:
+        # Tested through a local: the calls below may end the stream, and compiled code would trust a
+        # narrowing of `_final` itself at the test after them.
+        final = self._final
+        if final is not None:
             return
         now = self._loop.time()
         line = self._line

@@ -21,19 +21,21 @@ import datetime
 import logging
 import re
 import sys
-import threading
 import time
 from typing import Any, TextIO
 
 import orjson
 import structlog
 
+from proxy.observe.log_lines import Lines
+
 __all__ = ["MAX_LOGGED_STRING", "Logger", "clean_text", "make_logger"]
 
 MAX_LOGGED_STRING = 256
 # Control characters (ANSI escapes included) and lone surrogates, which a client can put in a header
-# or path: escaped so that no log line can be forged, colour a terminal, or fail to encode.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# or path: escaped so that no log line can be forged, colour a terminal, or fail to encode. (A raw
+# string, `re` reading the escapes: a compiled build cannot hold a lone surrogate in a literal.)
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _RAW_KEYS = frozenset({"exception"})  # a traceback is ours, multi-line and wanted whole
 
 
@@ -83,54 +85,13 @@ class _Clock:
         return f"{self._text}.{micro:06d}Z" if micro else f"{self._text}Z"  # (isoformat drops a zero fraction)
 
 
-class _Lines:
-    """The file the lines go to (structlog's `WriteLogger` writes to it too, so that the order
-    holds): written through, or held on an event loop and written once per turn."""
-
-    __slots__ = ("__weakref__", "_file", "_held", "_loop", "_thread")  # (structlog keys its lock by a weak one)
-
-    def __init__(self, file: TextIO) -> None:
-        self._file = file
-        self._held: list[str] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = 0
-
-    def write(self, text: str) -> None:
-        if self._loop is None or threading.get_ident() != self._thread:
-            self._file.write(text)
-            self._file.flush()
-            return
-        if not self._held:
-            self._loop.call_soon(self.write_held)  # (once, early in the next turn)
-        self._held.append(text)
-
-    def flush(self) -> None:
-        """structlog's flush after each line: a no-op while lines are held (the turn's write flushes)."""
-        if self._loop is None:
-            self._file.flush()
-
-    def write_held(self) -> None:
-        if self._held:
-            held, self._held = self._held, []
-            self._file.write("".join(held))
-            self._file.flush()
-
-    def hold(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.write_held()
-        self._loop, self._thread = loop, threading.get_ident()
-
-    def release(self) -> None:
-        self._loop = None
-        self.write_held()
-
-
 class Logger:
     """structlog's bound logger (every method, `bind` included), plus `line`: one event in one step."""
 
     __slots__ = ("_bound", "_clock", "_context", "_json", "_lines", "_lowest")
 
     def __init__(
-        self, bound: Any, lines: _Lines, *, json: bool, lowest: int, context: dict[str, Any], clock: _Clock,
+        self, bound: Any, lines: Lines, *, json: bool, lowest: int, context: dict[str, Any], clock: _Clock,
     ) -> None:
         self._bound = bound
         self._lines = lines
@@ -186,7 +147,7 @@ def make_logger(fmt: str = "json", level: str = "info", stream: TextIO | None = 
     renderer: structlog.typing.Processor = (
         _json_renderer if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     )
-    lines = _Lines(stream or sys.stderr)
+    lines = Lines(stream or sys.stderr)
     bound = structlog.wrap_logger(
         structlog.WriteLogger(lines),  # type: ignore[arg-type]  # (a file as far as it goes: write, flush)
         processors=[

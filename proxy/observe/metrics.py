@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from proxy import __version__
+from proxy.core.compile_attrs import mypyc_attr
 from proxy.core.latency import ITL_BUCKETS
 from proxy.core.lifecycle import Cancellation
 from proxy.observe.gaps import GapHistogram
@@ -71,6 +72,7 @@ MODEL_NAME_MAX = 100
 MAX_UPSTREAM_MODELS = 1000
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: subclassed by the workers' labels)
 class ModelLabels:
     """The models the upstream serves always keep their label; other names share `limit` slots.
 

@@ -16,7 +16,7 @@ import asyncio
 import errno
 import signal
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -201,7 +201,9 @@ class Server:
             release()
 
     def _main_port(self) -> int | None:
-        sockets = self._main.sockets if self._main is not None else ()
+        # Read as a Sequence: uvloop's `Server.sockets` is a list where typeshed says tuple, and a compiled
+        # build would check the tuple.
+        sockets: Sequence[socket.socket] = getattr(self._main, "sockets", ())
         return int(sockets[0].getsockname()[1]) if sockets else None
 
     async def _until_idle_or_hurried(self, within: float) -> None:

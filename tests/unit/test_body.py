@@ -9,6 +9,7 @@ import pytest
 
 from proxy.core.body import BodyVerdict, judge_body, usage_from_tail
 from proxy.core.dialects import DIALECTS, RequestInfo, Usage
+from proxy.core.verdicts import Outcome, Reason
 
 JSON = "application/json"
 JSON_DIALECTS = ["chat_completions", "completions", "responses", "messages", "embeddings", "models"]
@@ -73,7 +74,7 @@ VALID: dict[str, tuple[dict[str, Any], Usage | None]] = {
 @pytest.mark.parametrize("name", JSON_DIALECTS)
 def test_valid_2xx_passes_with_usage(name: str) -> None:
     body, usage = VALID[name]
-    assert judge(name, 200, body) == BodyVerdict("ok", "complete", None, usage)
+    assert judge(name, 200, body) == BodyVerdict(Outcome.OK, Reason.COMPLETE, None, usage)
 
 
 def test_valid_2xx_without_usage() -> None:
@@ -222,8 +223,8 @@ def test_abort_rule_is_only_for_choice_dialects(name: str) -> None:
 @pytest.mark.parametrize("status", [400, 401, 404, 429, 500, 503])
 def test_error_in_own_openai_shape_passes(name: str, status: int) -> None:
     body = {"error": {"message": "nope", "type": "invalid_request_error", "param": None, "code": None}}
-    reason = "upstream_5xx" if status >= 500 else "upstream_4xx"
-    assert judge(name, status, body) == BodyVerdict("error", reason, None, None, "nope")
+    reason = Reason.UPSTREAM_5XX if status >= 500 else Reason.UPSTREAM_4XX
+    assert judge(name, status, body) == BodyVerdict(Outcome.ERROR, reason, None, None, "nope")
 
 
 def test_llama_cpp_error_is_openai_shaped() -> None:
@@ -233,7 +234,7 @@ def test_llama_cpp_error_is_openai_shaped() -> None:
 
 def test_error_in_own_anthropic_shape_passes() -> None:
     body = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}, "request_id": "r"}
-    assert judge("messages", 529, body) == BodyVerdict("error", "upstream_5xx", None, None, "Overloaded")
+    assert judge("messages", 529, body) == BodyVerdict(Outcome.ERROR, Reason.UPSTREAM_5XX, None, None, "Overloaded")
 
 
 @pytest.mark.parametrize(
@@ -339,14 +340,14 @@ def test_html_or_text_error_carries_its_first_line(name: str, body: bytes, ctype
 
 @pytest.mark.parametrize("body", [b"", b"null", b"<html>x</html>", b'{"error": "x"}', b"\x00\xff"])
 def test_other_passes_everything_untouched(body: bytes) -> None:
-    assert judge("other", 200, body) == BodyVerdict("ok", "complete", None, None)
-    assert judge("other", 404, body) == BodyVerdict("error", "upstream_4xx", None, None)
-    assert judge("other", 500, body) == BodyVerdict("error", "upstream_5xx", None, None)
+    assert judge("other", 200, body) == BodyVerdict(Outcome.OK, Reason.COMPLETE, None, None)
+    assert judge("other", 404, body) == BodyVerdict(Outcome.ERROR, Reason.UPSTREAM_4XX, None, None)
+    assert judge("other", 500, body) == BodyVerdict(Outcome.ERROR, Reason.UPSTREAM_5XX, None, None)
 
 
 @pytest.mark.parametrize("status", [101, 204, 301, 304])
 def test_non_2xx_success_statuses_pass(status: int) -> None:
-    assert judge("chat_completions", status, b"") == BodyVerdict("ok", "complete", None, None)
+    assert judge("chat_completions", status, b"") == BodyVerdict(Outcome.OK, Reason.COMPLETE, None, None)
 
 
 # ---- the usage of a body relayed without being read whole ------------------------------------------

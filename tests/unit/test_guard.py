@@ -15,6 +15,7 @@ from openai._streaming import SSEDecoder as OpenAIDecoder
 
 from proxy.core.dialects import DIALECTS, Usage
 from proxy.core.guard import Failure, Step, StreamGuard
+from proxy.core.verdicts import Outcome, Reason
 
 # ---- upstream streams --------------------------------------------------------------------------
 
@@ -147,9 +148,9 @@ def drive(name: str, chunks: list[bytes], *, hold: bool, end: str | None = "eof"
     if end == "eof":
         apply(guard.end_of_stream())
     elif end is not None:
-        apply(guard.fail(end))
+        apply(guard.fail(Reason(end)))
     if final is not None:  # nothing more comes out once done
-        for step in (guard.feed(b"data: {}\n\n"), guard.end_of_stream(), guard.fail("stream_cut"), guard.commit()):
+        for step in (guard.feed(b"data: {}\n\n"), guard.end_of_stream(), guard.fail(Reason.STREAM_CUT), guard.commit()):
             apply(step)
     assert commits <= 1
     assert firsts == (1 if guard.content_events else 0)
@@ -660,7 +661,7 @@ def test_hold_window_expiry_commits_and_flushes_held_events() -> None:
     assert step == Step(commit=True, data=chat(role=True) + b": ping\n\n")
     assert guard.commit() == Step()
     assert guard.events == 1
-    step = guard.fail("stall_timeout")  # after the release: the frame, and the status in case the 200 is not out
+    step = guard.fail(Reason.STALL_TIMEOUT)  # after the release: the frame, and the status in case the 200 is not out
     assert step.failure is not None
     assert step.failure.status == 504
     assert step.done
@@ -677,7 +678,7 @@ def test_commit_of_an_empty_hold() -> None:
 def test_no_hold_commits_at_the_first_call() -> None:
     guard = StreamGuard(DIALECTS["chat_completions"], hold=False)
     assert guard.feed(b"da") == Step(commit=True)
-    assert guard.feed(b"ta: [DONE]\n\n") == Step(data=DONE, done=True, outcome="ok", reason="complete")
+    assert guard.feed(b"ta: [DONE]\n\n") == Step(data=DONE, done=True, outcome=Outcome.OK, reason=Reason.COMPLETE)
 
 
 @pytest.mark.parametrize(("reason", "status"), [("stream_cut", 502), ("stall_timeout", 504), ("shutdown", 503)])

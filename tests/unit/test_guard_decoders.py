@@ -16,6 +16,7 @@ import pytest
 
 from proxy.core.dialects import DIALECTS
 from proxy.core.guard import StreamGuard
+from proxy.core.verdicts import Reason
 
 
 def data(obj: object) -> bytes:
@@ -93,7 +94,7 @@ def guarded(name: str, upstream: bytes, end: str | None = "eof") -> bytes:
     if end == "eof":
         steps.append(guard.end_of_stream())
     elif end is not None:
-        steps.append(guard.fail(end))
+        steps.append(guard.fail(Reason(end)))
     assert guard.released
     return b"".join(step.data for step in steps)
 

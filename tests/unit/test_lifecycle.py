@@ -12,6 +12,7 @@ from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import (
     REASONS,
     Answer,
+    Cancellation,
     Close,
     Event,
     Lifecycle,
@@ -44,7 +45,7 @@ def _fire(life: Lifecycle, event: Event, reason: Reason | None) -> Answer | None
     calls: dict[Event, Callable[[], Answer | None]] = {
         Event.REFUSED: lambda: life.refused(reason or R.BAD_REQUEST),
         Event.UPSTREAM_FAILED: lambda: life.upstream_failed(reason or R.STREAM_CUT),
-        Event.GUARD_ENDED: lambda: life.guard_ended(str(REASONS[reason or R.COMPLETE][0]), reason or R.COMPLETE),
+        Event.GUARD_ENDED: lambda: life.guard_ended(REASONS[reason or R.COMPLETE][0], reason or R.COMPLETE),
         Event.BODY_ENDED: lambda: life.body_ended(reason or R.COMPLETE),
         Event.CLIENT_GONE: life.client_gone,
         Event.CLIENT_STALLED: life.client_stalled,
@@ -183,7 +184,7 @@ def test_a_stalled_client_is_cancelled_even_with_on_abandon_drain() -> None:
 )
 def test_the_first_ending_stands(later: Event) -> None:
     life, ex = _at(Phase.STREAMING, committed=True)
-    assert life.guard_ended("ok", "complete") is not None
+    assert life.guard_ended(Outcome.OK, Reason.COMPLETE) is not None
     assert _fire(life, later, R.STREAM_CUT) is None
     assert (ex.outcome, ex.reason, ex.upstream_cancelled) == ("ok", "complete", None)
 
@@ -207,10 +208,12 @@ def test_every_reason_has_an_outcome_and_a_status_where_the_proxy_answers() -> N
 
 def test_the_guard_verdicts_are_all_known_reasons() -> None:
     guard = StreamGuard(DIALECTS["chat_completions"], hold=False)
-    step = guard.fail("stall_timeout")
+    step = guard.fail(Reason.STALL_TIMEOUT)
     life, _ = _at(Phase.STREAMING, committed=True)
-    assert life.guard_ended(step.outcome or "", step.reason or "") == Answer(
-        R.STALL_TIMEOUT, "stall_timeout", False, Reply.FRAME
+    assert step.outcome is not None
+    assert step.reason is not None
+    assert life.guard_ended(step.outcome, step.reason) == Answer(
+        R.STALL_TIMEOUT, Cancellation.STALL_TIMEOUT, False, Reply.FRAME
     )
 
 

@@ -4,6 +4,7 @@ same cleaning, same level filter; only the timestamp's instant differs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import re
 
@@ -116,8 +117,14 @@ def test_every_text_the_books_write_in_a_request_line_is_cleaned() -> None:
     dirty = "x\x1b[31m\x7f\ud800" + "y" * 300
     ex = ExchangeRecord(dirty, dirty, dirty, "chat_completions", dirty)
     for name, spec in ExchangeRecord.__dataclass_fields__.items():
-        if spec.type in ("str", "str | None") and name != "api":  # (the api is the dialect's name: ours)
-            setattr(ex, name, dirty)
+        if name == "api":  # (the api is the dialect's name: ours)
+            continue
+        if isinstance(spec.type, str):
+            if spec.type in ("str", "str | None"):
+                setattr(ex, name, dirty)
+        else:  # compiled, the annotation is gone, and the attribute's own type check tells
+            with contextlib.suppress(TypeError):
+                setattr(ex, name, dirty)
     ex.client_request_id = None  # (with an extra field, the line cleans every string anyway)
     ex.outcome, ex.reason, ex.status = Outcome.ERROR, Reason.UPSTREAM_ERROR_FRAME, 502
     out = io.StringIO()

@@ -16,6 +16,7 @@ from proxy.core.guard import Step, StreamGuard
 from proxy.core.resume import Refusal, Resumer, Stitcher, Transcript, continuation_body, request_refusal
 from proxy.core.resume.rules import cut_refusal, parse_request, retry_delay
 from proxy.core.sse import Event, SSEReader
+from proxy.core.verdicts import Reason
 
 # ---- streams -----------------------------------------------------------------------------------
 
@@ -266,7 +267,7 @@ def test_a_cut_stream_continued_gives_the_client_the_uncut_answer(splits: list[i
     if how == "eof":
         step = guard.end_of_stream()
     elif how == "stall_timeout":
-        step = guard.fail("stall_timeout")
+        step = guard.fail(Reason.STALL_TIMEOUT)
     elif how == "stray":
         step = guard.feed(b"\n\nHTTP/1.0 503 Service Unavailable\r\nRetry-After: 1\r\n\r\n{}\n\n")
     else:
@@ -293,8 +294,8 @@ def step_reason(how: str) -> str:
 STRAY_503 = b'HTTP/1.0 503 Service Unavailable\r\nRetry-After: 2\r\n\r\n{"error":"busy"}\n\n'
 FAILURES = {
     "eof": lambda g: g.end_of_stream(),
-    "cut": lambda g: g.fail("stream_cut"),
-    "stall": lambda g: g.fail("stall_timeout"),
+    "cut": lambda g: g.fail(Reason.STREAM_CUT),
+    "stall": lambda g: g.fail(Reason.STALL_TIMEOUT),
     "stray-503": lambda g: g.feed(STRAY_503),
     "frame-503": lambda g: g.feed(data({"error": {"message": "busy", "type": "server_error", "code": 503}})),
 }
@@ -323,7 +324,7 @@ def test_giving_up_ends_exactly_as_without_the_flag(how: str) -> None:
 @pytest.mark.parametrize(("failure", "resumes"), [
     (lambda g: g.feed(b"HTTP/1.0 400 Bad Request\r\n\r\nbad\n\n"), False),
     (lambda g: g.feed(data({"error": {"message": "bad", "type": "invalid_request_error", "code": 400}})), False),
-    (lambda g: g.fail("shutdown"), False),
+    (lambda g: g.fail(Reason.SHUTDOWN), False),
     (lambda g: g.feed(b"HTTP/1.0 429 Too Many Requests\r\n\r\nslow\n\n"), True),
 ], ids=["stray-400", "frame-400", "shutdown", "stray-429"])
 def test_only_breaks_a_continuation_can_mend_are_asked_about(failure: Any, resumes: bool) -> None:
@@ -338,7 +339,7 @@ def test_only_breaks_a_continuation_can_mend_are_asked_about(failure: Any, resum
 def test_the_limit_and_refused_requests_are_booked_and_end_as_today() -> None:
     guard, resumer = resumed_guard(limit=1)
     run(guard, HEAD, [])
-    assert guard.fail("stream_cut").resume == "stream_cut"
+    assert guard.fail(Reason.STREAM_CUT).resume == "stream_cut"
     guard.resume(resumer.started().rewrite)
     run(guard, chunk(SECOND, {"content": " on"}), [])
     step = guard.end_of_stream()
@@ -351,7 +352,7 @@ def test_the_limit_and_refused_requests_are_booked_and_end_as_today() -> None:
 
     guard, resumer = resumed_guard(request={**CHAT_REQUEST, "tools": [{"type": "function"}]})
     run(guard, HEAD, [])
-    assert guard.fail("stream_cut").done
+    assert guard.fail(Reason.STREAM_CUT).done
     assert resumer.decisions == [("stream_cut", "refused")]
     assert "tools" in (resumer.refusal or "")
 
@@ -360,11 +361,11 @@ def test_each_continuation_is_booked_once_by_what_came_of_it() -> None:
     """`resumed` when it carried the stream on, `failed` when it broke or errored."""
     guard, resumer = resumed_guard(limit=2)
     run(guard, HEAD, [])
-    assert guard.fail("stream_cut").resume == "stream_cut"
+    assert guard.fail(Reason.STREAM_CUT).resume == "stream_cut"
     guard.resume(resumer.started().rewrite)
     assert resumer.decisions == [("stream_cut", "resumed")]  # streaming: it carries the stream on so far
     run(guard, chunk(SECOND, {"content": " on"}), [])
-    assert guard.fail("stall_timeout").resume == "stall_timeout"
+    assert guard.fail(Reason.STALL_TIMEOUT).resume == "stall_timeout"
     assert resumer.decisions == [("stream_cut", "failed")]  # it broke in turn
     guard.resume(resumer.started().rewrite)
     run(guard, chunk(SECOND, {"content": " the"}), [])
@@ -372,7 +373,7 @@ def test_each_continuation_is_booked_once_by_what_came_of_it() -> None:
     assert resumer.decisions == [("stream_cut", "failed"), ("stall_timeout", "failed")]  # it errored
     guard, resumer = resumed_guard(limit=2)
     run(guard, HEAD, [])
-    assert guard.fail("stream_cut").resume
+    assert guard.fail(Reason.STREAM_CUT).resume
     guard.resume(resumer.started().rewrite)
     run(guard, chunk(SECOND, {"content": " on"}) + chunk(SECOND, {}, "stop") + DONE, [])
     assert resumer.decisions == [("stream_cut", "resumed")]
@@ -381,13 +382,13 @@ def test_each_continuation_is_booked_once_by_what_came_of_it() -> None:
 def test_a_failed_continuation_counts_and_a_break_before_the_commit_is_never_resumed() -> None:
     guard, resumer = resumed_guard()
     run(guard, HEAD, [])
-    assert guard.fail("stream_cut").resume
+    assert guard.fail(Reason.STREAM_CUT).resume
     resumer.failed("503 from the continuation")
     assert guard.give_up().done
     assert resumer.decisions == [("stream_cut", "failed")]
     guard, resumer = resumed_guard()
     step = guard.feed(chunk(FIRST, ROLE))
-    step = guard.fail("stream_cut")
+    step = guard.fail(Reason.STREAM_CUT)
     assert step.failure is not None
     assert step.failure.status == 502
     assert resumer.decisions == []
@@ -398,7 +399,7 @@ def test_a_committed_stream_without_content_is_not_asked_about() -> None:
     guard = StreamGuard(DIALECTS["chat_completions"], hold=False, may_resume=resumer.may_resume)
     resumer.watch(guard.stream)
     assert guard.feed(chunk(FIRST, ROLE)).commit
-    step = guard.fail("stream_cut")
+    step = guard.fail(Reason.STREAM_CUT)
     assert step.done
     assert b'"code":"stream_cut"' in step.data
     assert resumer.decisions == []
@@ -454,8 +455,8 @@ def test_a_second_failure_while_a_continuation_is_awaited_ends_the_stream() -> N
     """(A timer that fires again before the shell carried out the first `resume`.)"""
     guard, resumer = resumed_guard()
     run(guard, HEAD, [])
-    assert guard.fail("stream_cut").resume == "stream_cut"
-    step = guard.fail("stall_timeout")
+    assert guard.fail(Reason.STREAM_CUT).resume == "stream_cut"
+    step = guard.fail(Reason.STALL_TIMEOUT)
     assert step.done
     assert step.reason == "stall_timeout"
     assert resumer.decisions == []  # asked once; the answer never came
@@ -543,7 +544,7 @@ def test_a_resumer_holds_the_clients_bytes_not_their_parsed_objects() -> None:
     guard = StreamGuard(DIALECTS["chat_completions"], hold=True, may_resume=resumer.may_resume)
     resumer.watch(guard.stream)
     run(guard, HEAD, [])
-    assert guard.fail("stream_cut").resume
+    assert guard.fail(Reason.STREAM_CUT).resume
     sent = orjson.loads(resumer.body())  # parsed again, now that a continuation is due
     assert sent["messages"][:-1] == request["messages"]
 
@@ -565,7 +566,7 @@ def test_the_continuation_keeps_every_unchanged_field_as_the_client_wrote_it() -
            b' "logit_bias": {"5": -1, "5": -2}, "max_tokens": 6, "max_tokens": 9,\n'
            b' "messages": [ {"role": "user", "content": "Say \\u00e9 it."} ] , "x": [1.50, 1e3] }')
     guard, resumer = cut_resumer(raw)
-    assert guard.fail("stream_cut").resume
+    assert guard.fail(Reason.STREAM_CUT).resume
     sent = resumer.body()
     assert b'"seed": 123456789012345678901234567890,' in sent
     assert b'"logit_bias": {"5": -1, "5": -2}' in sent
@@ -579,7 +580,7 @@ def test_the_continuation_keeps_every_unchanged_field_as_the_client_wrote_it() -
     raw = (b'{"stream":true,"continue_final_message":true,"add_generation_prompt":false,"messages":'
            b'[{"role":"user","content":"a"},{"content":"Once","role":"assistant","n":1e2}],"max_tokens":8}')
     guard, resumer = cut_resumer(raw)
-    assert guard.fail("stream_cut").resume
+    assert guard.fail(Reason.STREAM_CUT).resume
     sent = resumer.body()
     assert b'{"content":"Once' + SO_FAR.encode() + b'","role":"assistant","n":1e2}]' in sent
     assert orjson.loads(sent)["max_tokens"] == 5
@@ -589,9 +590,9 @@ def test_no_continuation_is_sent_past_the_body_limit() -> None:
     """A 100 MB transcript made an 85 MB continuation past --max-body-size: refused instead, booked so."""
     raw = orjson.dumps(CHAT_REQUEST)
     guard, resumer = cut_resumer(raw, max_size=len(raw) + 20)
-    assert not guard.fail("stream_cut").resume
+    assert not guard.fail(Reason.STREAM_CUT).resume
     assert resumer.decisions == [("stream_cut", "refused")]
     assert "--max-body-size" in (resumer.refusal or "")
     guard, resumer = cut_resumer(raw, max_size=len(raw) + 200)
-    assert guard.fail("stream_cut").resume
+    assert guard.fail(Reason.STREAM_CUT).resume
     assert len(resumer.body()) <= len(raw) + 200

@@ -13,6 +13,7 @@ from proxy.core.guard import StreamGuard
 from proxy.core.resume import Refusal, Resumer, Stitcher
 from proxy.core.resume.count import answer_limit, read_count, tokenize_body
 from proxy.core.sse import Event
+from proxy.core.verdicts import Reason
 
 BATCHED = ["The cat sat", " on the mat", " and the dog"]  # three tokens a chunk, nine in all
 SO_FAR = "".join(BATCHED)
@@ -37,7 +38,7 @@ def cut(body: bytes, stream: bytes) -> Resumer:
     guard = StreamGuard(DIALECTS["chat_completions"], hold=False, may_resume=resumer.may_resume)
     resumer.watch(guard.stream)
     guard.feed(stream)
-    assert guard.fail("stream_cut").resume == "stream_cut"
+    assert guard.fail(Reason.STREAM_CUT).resume == "stream_cut"
     return resumer
 
 

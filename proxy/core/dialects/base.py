@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from proxy.core.compile_attrs import mypyc_attr
 from proxy.core.dialects.errors import ErrorCode, ErrorInfo, anthropic_error_body, describe_error, openai_error_body
 from proxy.core.sse import Event
 
@@ -75,6 +76,7 @@ def usage_from(obj: object, prompt_key: str, completion_key: str) -> Usage | Non
     return Usage(prompt, completion)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: so that its dialects allow theirs)
 class DialectStream(ABC):
     """Per-exchange streaming state: classifies events and builds the frames the proxy writes.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from proxy.core.compile_attrs import mypyc_attr
 from proxy.core.dialects.base import DialectStream, Kind, usage_from
 from proxy.core.dialects.errors import ErrorCode, ErrorInfo, describe_error, dumps, is_error_object, openai_error
 from proxy.core.dialects.repeat import ContentTemplate
@@ -29,6 +30,7 @@ _CONTENT, _PASS = Kind.CONTENT, Kind.PASS  # (per event: a global, one lookup)
 _FINISHED, _PRODUCED = 1, 2
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: subclassed by the tests)
 class ChatStream(DialectStream):
     """Tracks, per choice index, whether it produced output and whether it has a finish_reason."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.core.compile_attrs import mypyc_attr
 from proxy.core.dialects.base import DialectStream, Kind, Usage, usage_from
 from proxy.core.dialects.errors import ErrorCode, anthropic_error_body, describe_error, is_error_object
 from proxy.core.dialects.repeat import ContentTemplate
@@ -22,6 +23,7 @@ MESSAGE_STOP_FRAME = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 _DELTA_TEXT = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: subclassed by the tests)
 class MessagesStream(DialectStream):
     """Tracks the stop reason and the usage split over `message_start` and `message_delta`."""
 

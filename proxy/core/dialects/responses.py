@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.core.compile_attrs import mypyc_attr
 from proxy.core.dialects.base import DialectStream, Kind, usage_from
 from proxy.core.dialects.errors import (
     ErrorCode,
@@ -32,6 +33,7 @@ _CODE_STATUS = {"rate_limit_exceeded": 429, "invalid_prompt": 400, "server_error
 _FOREIGN = Kind.FOREIGN  # (checked per event: a global, one lookup)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: subclassed by the tests)
 class ResponsesStream(DialectStream):
     """Remembers the response object's identity and the last sequence number, to continue both."""
 
