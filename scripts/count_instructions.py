@@ -23,46 +23,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+from local_procs import free_port, running
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], within: float = 300.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"exited with {proc.returncode} before listening on {port}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
-        time.sleep(0.2)
-    raise SystemExit(f"nothing listened on {port} within {within:g} s")
-
-
-@contextlib.contextmanager
-def running(cmd: list[str], port: int, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    # (cwd "/": `python -m` puts the working directory first on sys.path, ahead of --pythonpath)
-    proc = subprocess.Popen(cmd, env=env, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port, proc)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
 
 
 def request(port: int, stream: bool, model: str = "fast-0ms") -> bytes:
@@ -143,7 +109,7 @@ def main(argv: list[str]) -> None:
             sys.executable, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{fake_port}",
             "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin), *args.serve_flags,
         ]
-        with running(serve, port, env) as proxy, socket.create_connection(("127.0.0.1", port)) as sock:
+        with running(serve, port, env, within=300.0) as proxy, socket.create_connection(("127.0.0.1", port)) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             data, buffer = request(port, args.stream, args.model), bytearray()
             for _ in range(args.warmup):

@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
+
+from local_procs import free_port, running
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,39 +90,6 @@ threading.Thread(target=watch, daemon=True).start()
 from proxy.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"exited with {proc.returncode} before listening on {port}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
-        time.sleep(0.1)
-    raise SystemExit(f"nothing listened on {port} within {within:g} s")
-
-
-@contextlib.contextmanager
-def running(cmd: list[str], port: int, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    # (run from / so that the `proxy` package is the one on PYTHONPATH, not the working directory's)
-    proc = subprocess.Popen(cmd, env=env, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port, proc)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def rss(pid: int) -> int:
