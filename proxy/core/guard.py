@@ -229,12 +229,8 @@ class StreamGuard:
             # else (one step, at once: what the loop below would find for it).
             count, start = self._stream.repeats(chunk, 0, self._max)
             if count:
-                if start == n:  # (`_repeated`, spelt out)
-                    self.events += count
-                    self.content_events += count
-                    step = Step()
-                    step.data, step.content_events, step.first_content = chunk, count, self.content_events == count
-                    return step
+                if start == n:
+                    return self._repeated(chunk, count)
                 acc = self._repeated(chunk[:start], count)
         # Runs of content events the dialect knows without a parse skip the reader; other events go
         # through it one at a time (it gives the same items however reads are split, and holding

@@ -119,11 +119,7 @@ class StreamRelay:
     def body(self, data: bytes) -> None:
         if self._final is None and self.resume_reason is None:
             self._last_heard = self._loop.time()
-            try:  # (`_run`, spelt out: this runs once per read)
-                self._carry(self._guard.feed(data))
-            except Exception as exc:
-                self.bug = exc
-                self._finish(Need.BUG)
+            self._run(self._guard.feed, data)
 
     def end(self) -> None:
         if self._final is None and self.resume_reason is None:
@@ -237,11 +233,7 @@ class StreamRelay:
             now = time.monotonic()
             if step.first_content and ex.first_content_at is None:
                 ex.first_content_at = now
-            gaps = ex.gaps
-            if gaps is None:
-                ex.note_content(now, step.content_events)
-            else:
-                gaps.note(now, step.content_events)  # (what `note_content` does once they exist)
+            ex.note_content(now, step.content_events)
         line = self._line
         if step.commit and line is _HELD:
             self._ask()  # (before an ending in the same step: the content before it commits the 200)
@@ -263,10 +255,8 @@ class StreamRelay:
                 self._pending.append(step.data)
                 self._ask()
             return
-        if step.data:  # (`_write`, spelt out: once per read)
-            out = self._out
-            if out is None or not out.write_raw(step.data):
-                self._conclude(self._life.client_gone(), b"", None)
+        if step.data:
+            self._write(step.data)
 
     def _ended(self, step: Step) -> None:
         """The guard's final step: the lifecycle's verdict on it, and its answer carried out."""

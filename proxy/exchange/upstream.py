@@ -123,9 +123,9 @@ class BodyReader(BodyBuffer):
 
     def read_now(self) -> bytes | None:
         """`read` when something (or the end) has come: no wait, no coroutine; None when it would wait."""
-        return self.read_ready() if self.ready else None
+        return self._taken() if self.ready else None
 
-    def read_ready(self) -> bytes:
+    def _taken(self) -> bytes:
         data = self.take()
         if self._tail_bytes and data:
             size = self._tail_bytes
@@ -140,4 +140,4 @@ class BodyReader(BodyBuffer):
                     await self.wait()
             except TimeoutError:
                 raise stalled(idle) from None
-        return self.read_ready()
+        return self._taken()
