@@ -305,6 +305,8 @@ def test_one_vllm_version_for_the_manifests_the_readme_and_the_tier() -> None:
               if "vllm" in c.get("image", "")]
     assert len(images) >= 2, images
     assert set(images) == {f"vllm/vllm-openai:v{version}"}
+    chart = yaml.safe_load((ROOT / "charts" / "streamwarden" / "values.yaml").read_text())
+    assert chart["backends"]["vllm"]["container"]["image"] == f"vllm/vllm-openai:v{version}"
     texts = {p: p.read_text() for p in [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md"))]}
     named = {(p.name, v) for p, text in texts.items() for v in re.findall(r"vLLM (\d+\.\d+\.\d+)", text)}
     assert named, "the docs say which vLLM the tier proves"

@@ -1,7 +1,8 @@
 """Every object the manifests can render, checked as a cluster would check it.
 
 Rendered with the real `kubectl kustomize`: each kustomization, and the base with each of its optional
-parts switched on (the components left commented, the `release` label patch). The built-in objects are
+parts switched on (the components left commented, the `release` label patch); and the Helm chart
+(charts/streamwarden) with its options on, rendered by Helm's library. The built-in objects are
 validated (strict: unknown fields fail) against the Kubernetes API schemas of every version
 docs/operations.md claims; the custom ones (InferencePool, PodMonitor, PrometheusRule) against their
 CustomResourceDefinitions in tests/process/crds/, the structural schema with its defaults and every CEL
@@ -11,6 +12,8 @@ rule (support/kube_crds.py), at each CRD release the docs name. Broken objects p
 from __future__ import annotations
 
 import copy
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -21,6 +24,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 from kubernetes_validate.utils import all_versions  # type: ignore[import-untyped]
+from support.helm_chart import render_chart
 from support.kube_crds import Crd, load_crd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +105,12 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[st
     folders["base + model-cache-pvc"] = base_with(
         tmp, "pvc", lambda t: t.replace("# - components/model-cache-pvc", "- components/model-cache-pvc"))
     folders["base + release label"] = base_with(tmp, "release", uncomment_patch)
-    return {name: kustomize(folder) for name, folder in folders.items()}
+    renderings = {name: kustomize(folder) for name, folder in folders.items()}
+    if importlib.util.find_spec("helm_python") or os.environ.get("CI"):  # charts/streamwarden, every option on
+        renderings["helm chart"] = render_chart({
+            "inferencePool": {"enabled": True}, "monitoring": {"labels": {"release": "kube-prometheus-stack"}},
+            "backends": {"vllm": {"modelCache": {"persistentVolumeClaim": True, "storageClassName": "fast"}}}})
+    return renderings
 
 
 def test_the_claimed_versions_are_ones_kubernetes_validate_has() -> None:
@@ -114,6 +123,7 @@ def test_the_claimed_versions_are_ones_kubernetes_validate_has() -> None:
 @needs_kubectl
 def test_the_renderings_cover_every_kind_and_custom_object(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert len(rendered) >= 6, sorted(rendered)
+    assert "helm chart" in rendered or not importlib.util.find_spec("helm_python")
     kinds = {(group_of(d), d["kind"]) for docs in rendered.values() for d in docs}
     custom = {k for k in kinds if k[0] in {"inference.networking.k8s.io", "monitoring.coreos.com"}}
     assert custom == set(CRDS), "every custom kind rendered has its CRDs here, and every CRD here is used"
