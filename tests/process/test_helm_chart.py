@@ -127,9 +127,18 @@ def test_the_runbook_base_reaches_every_rule_and_the_image_its_tag() -> None:
     assert images == {"r.example/sw:9.9.9"}
 
 
-def test_the_chart_reads_the_one_copy_of_the_rules_and_the_dashboard() -> None:
-    """files/ holds links to deploy/prometheus/rules.yml and grafana/streamwarden.json, not copies
-    (Helm follows the links when it loads and when it packages the chart)."""
+def test_the_chart_reads_the_one_copy_of_the_rules_and_the_dashboard(tmp_path: Path) -> None:
+    """files/ holds links to deploy/prometheus/rules.yml and grafana/streamwarden.json, not copies; Helm
+    follows them when it loads the chart and when it packages it: the archive renders the same objects."""
+    library = helm()
+    archive = library.package(CHART, destination=tmp_path)
+    with library.Chart.load(archive) as packaged:
+        rendered = packaged.render({}, name="llm", namespace="llm")
+    from_archive = [d for path, text in sorted(rendered.items()) if path.endswith(".yaml")
+                    for d in yaml.safe_load_all(text) if d]
+    assert from_archive == render_chart()
+    (dashboard,) = [d for d in from_archive if d["kind"] == "ConfigMap"]
+    assert dashboard["data"]["streamwarden.json"] == (GRAFANA / "streamwarden.json").read_text()
     files = CHART / "files"
     assert {p.name: p.resolve() for p in files.iterdir()} == {
         "rules.yml": ROOT / "deploy" / "prometheus" / "rules.yml",
