@@ -145,3 +145,16 @@ def test_the_chart_reads_the_one_copy_of_the_rules_and_the_dashboard(tmp_path: P
         "streamwarden.json": GRAFANA / "streamwarden.json",
     }
     assert all(p.is_symlink() for p in files.iterdir())
+
+
+def test_values_schema_refuses_a_misspelled_or_mistyped_value() -> None:
+    """values.schema.json: `helm install --set monitoring.label.release=x` fails instead of doing nothing."""
+    library = helm()
+    for wrong, where in (({"monitoring": {"label": {"release": "x"}}}, "label"),
+                         ({"backends": {"vllm": {"port": "8000"}}}, "/backends/vllm/port"),
+                         ({"sidecar": {"logFormat": "text"}}, "/sidecar/logFormat")):
+        with pytest.raises(library.HelmValuesError, match=where):
+            render_chart(wrong)
+        report = library.lint(CHART, wrong, strict=True)
+        assert any(m["severity"] == 3 and where in m["error"] for m in report["messages"]), report
+    assert render_chart({"backends": {"llamacpp": {"enabled": False}}})
