@@ -61,14 +61,15 @@ class Resumer:
     """Decides, for one streamed exchange, whether each break is continued (at most `limit` times)."""
 
     __slots__ = ("_api", "_body", "_booked", "_budgeted", "_counts", "_fields", "_max_size", "_model", "_next",
-                 "_reason", "_running", "estimated", "limit", "refusal", "resumes", "transcript")
+                 "_reason", "_running", "_stream", "estimated", "limit", "refusal", "resumes", "transcript")
 
     def __init__(self, api: str, body: bytes | bytearray, limit: int, max_size: int | None = None) -> None:
         self._api = api
         self._max_size = max_size  # --max-body-size: no continuation is sent past it
+        self._stream: ChatStream | None = None  # the stream that records into the transcript
         self._next: bytes | None = None  # the continuation's body, built when one is due
         self.limit = limit
-        self.transcript = Transcript()
+        self.transcript = Transcript(max_size)
         self.resumes = 0  # continuations that answered with a stream
         self._booked: list[tuple[str, str]] = []  # (reason, result), in order
         self._running: str | None = None  # the break the streaming continuation mends (booked at its end)
@@ -106,9 +107,18 @@ class Resumer:
         return [*self._booked, (self._running, "resumed")]
 
     def watch(self, stream: DialectStream) -> None:
-        """Keep the transcript from the chunks this stream's dialect parses."""
+        """Keep the transcript from the chunks this stream's dialect parses (until it passes
+        --max-body-size: then the stream goes back to its quick paths, recording nothing)."""
         if isinstance(stream, ChatStream):
-            stream.recorder = self.transcript.note
+            self._stream = stream
+            stream.recorder = self._note
+
+    def _note(self, obj: dict[str, Any]) -> None:
+        transcript = self.transcript
+        transcript.note(obj)
+        if transcript.overflowed and self._stream is not None:
+            self._stream.recorder = None
+            self._stream = None
 
     def may_resume(self, reason: str, status: int) -> bool:
         """The guard's question: continue this break? A no for a break of the resumable kinds is counted."""
