@@ -7,7 +7,7 @@ the same upstream with the client's headers, and returns the new response once i
 stream; a continuation answered with a retryable status is tried again while the budget lasts; any
 other answer, or none, returns None, and the stream ends as it would have without the flag. Where
 the core cannot count the tokens so far from the stream, the backend's `/tokenize` is asked first
-(`count_tokens`: bounded in time and size); no count, no continuation.
+(`count_tokens`: bounded in time and size); no count, no continuation where the client set a budget.
 """
 
 from __future__ import annotations
@@ -178,8 +178,7 @@ class Resuming:
         try:
             status, answer = await self.tokenize(*need)
         except TokenizeFailed as exc:
-            self.resumer.uncounted(f"no tokenizer to count the answer so far: {exc}")
-            return False
+            return self.resumer.uncounted(f"no tokenizer to count the answer so far: {exc}")
         return self.resumer.counted(status, answer)
 
     async def _wait(self, delay: float) -> None:

@@ -194,17 +194,19 @@ class Books:
 
         A stream that ends early often has its prompt count (vLLM's first chunk, Anthropic's
         `message_start`) but no completion count: the prompt is booked from usage, the completion
-        as estimated, and the log line says `estimated`.
+        as estimated, and the log line says `estimated`. A resumed stream's usage is estimated too
+        when a continuation went out on the chunks' count of the answer so far (no `/tokenize`).
         """
         tokens = self.metrics.counts.tokens
+        given = "estimated" if ex.resumer is not None and ex.resumer.estimated else "usage"
         source: str | None = None
         if ex.prompt_tokens:
-            tokens(ex.api, model, "prompt", "usage", ex.prompt_tokens)
-            source = "usage"
+            tokens(ex.api, model, "prompt", given, ex.prompt_tokens)
+            source = given
         if ex.completion_tokens is not None:
             if ex.completion_tokens:
-                tokens(ex.api, model, "completion", "usage", ex.completion_tokens)
-            return "usage"
+                tokens(ex.api, model, "completion", given, ex.completion_tokens)
+            return given
         if ex.content_events:
             ex.completion_tokens = ex.content_events
             tokens(ex.api, model, "completion", "estimated", ex.content_events)

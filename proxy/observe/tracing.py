@@ -12,7 +12,8 @@ What a client sends (the model, the path) and what the upstream answers (its mod
 is bounded and escaped exactly as in the log line: the batch processor holds up to 2,048 spans, and
 one 30 MB model name per span would take the sidecar's memory. The SDK's own attribute limit is set
 to the same cut when the operator set none (`OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`). Shutdown flushes
-and stops the SDK within the drain bound whatever the collector does (`close`), never at interpreter
+and stops the SDK within the bound it is given whatever the collector does (`close`; `serve` gives
+it at most 1 s, within the drain's bound), never at interpreter
 exit on the SDK's own timeouts, and the SDK's log records go through the proxy's structured logger.
 """
 

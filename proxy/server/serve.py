@@ -48,6 +48,10 @@ _TRACING_SHARE_SECONDS = 0.3  # of that bound, kept for the tracer's last flush
 _EXIT_SECONDS = 0.7  # and for the process to exit after `stopped` (the loop's and the interpreter's teardown:
 # 0.45 s measured with 100 streams just cut and a tracer thread left on a dead collector)
 _MIN_TRACING_SECONDS = 0.1  # the tracer's flush gets at least this, even when the drain used the margin
+# and at most this, even when the drain ended early (an idle proxy): a collector that answers takes the
+# last spans in milliseconds, and one that never answers must not hold the exit for the rest of
+# --drain-timeout (the exporter's 10 s timeout, then its retries: 10.3 s measured with a 30 s drain).
+_MAX_TRACING_SECONDS = 1.0
 _BACKLOG = 1024  # nginx uses 511; a burst of connects must not be refused by the kernel before the limit
 
 
@@ -191,7 +195,7 @@ class Server:
         if state.session is not None:
             await state.session.close()
         if state.books.tracing is not None:  # the last spans (the interrupted exchanges') go out, bounded
-            left = max(_MIN_TRACING_SECONDS, bound - _EXIT_SECONDS - loop.time())
+            left = max(_MIN_TRACING_SECONDS, min(_MAX_TRACING_SECONDS, bound - _EXIT_SECONDS - loop.time()))
             await asyncio.to_thread(state.books.tracing.close, left)
         self._release_lines()
 

@@ -90,3 +90,33 @@ async def test_once_breaks_the_first_attempt_of_a_key_and_serves_the_next_whole(
     assert not await ends_with_done({key: "b"})
     assert not await ends_with_done({})
     assert not await ends_with_done({})
+
+
+async def test_an_answer_past_the_body_limit_is_not_kept_and_its_cut_ends_as_without_the_flag(
+    make_proxy: ProxyFactory, fake_upstream: FakeUpstream
+) -> None:
+    """No continuation can carry more than --max-body-size: a 100 MB answer was recorded whole for
+    nothing (HWM 415-463 MiB against 45 without the flag). Past the limit nothing more is kept, and a
+    later cut ends with its error frame, the log's `resume_refusal` saying why."""
+    proxy = await make_proxy(resume_on_cut=1, max_body_size=1024)
+    headers = {"x-fault": "cut;after=16;once=1;per=20", "X-Request-Id": "resume-fake-big"}  # 15 x 20 words
+    async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=30) as client:
+        stream = await client.chat.completions.create(
+            model="fake-model", messages=PROMPT, stream=True, max_tokens=600, extra_headers=headers,
+        )  # fmt: skip
+        received: list[dict[str, Any]] = []
+
+        async def read() -> None:
+            async for chunk in stream:
+                received.append(chunk.model_dump())
+
+        with pytest.raises(openai.APIError) as raised:
+            await read()
+    assert raised.value.code == "stream_cut"
+    assert len(text_of(received)) > 1024  # (the answer so far passed the limit before the cut)
+    line = await proxy.line_for("resume-fake-big")
+    assert (line["outcome"], line["reason"], line["resumes"]) == ("error", "stream_cut", 0)
+    assert "answer so far passed --max-body-size" in line["resume_refusal"]
+    labels = {"api": "chat_completions", "reason": "stream_cut", "result": "refused"}
+    assert proxy.sample("streamwarden_stream_resumes_total", labels) == 1
+    assert len([r for r in fake_upstream.recorder.all() if r.request_id == "resume-fake-big"]) == 1

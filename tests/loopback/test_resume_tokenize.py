@@ -102,6 +102,53 @@ async def test_a_backend_without_a_tokenizer_is_not_continued(
     assert len([r for r in app[RECORDER].all() if r.request_id == "tok-2"]) == 1
 
 
+@pytest.mark.parametrize("tokenizer", ["none", "junk"])
+async def test_without_a_count_a_stream_without_a_budget_is_continued_its_usage_estimated(
+    make_proxy: ProxyFactory, aiohttp_server: AiohttpServer, tokenizer: str
+) -> None:
+    """No budget to protect: a backend without `/tokenize` (404), or one whose answer is no count, does not
+    stop the continuation (before: refused, "no tokenizer to count the answer so far"). The continuation
+    asks no budget either; the usage chunk the client asked for is the chunks' lower bound, booked and
+    logged `estimated`."""
+    app = build_app(FakeSettings(tokenize=tokenizer != "none"))
+    server = await aiohttp_server(app)
+    relay = await CutRelay(str(server.make_url("")).rstrip("/"), []).start()
+    try:
+        proxy = await make_proxy(upstream=relay.url, resume_on_cut=1)
+        fault = CUT + ("" if tokenizer == "none" else f";tokenize={tokenizer}")
+        chunks = await chat(proxy.url, fault, "tok-6", max_tokens=None)
+    finally:
+        await relay.stop()
+    assert len(relay.tokenized) == 1  # asked (for the usage), and not answered with a count
+    continuation = orjson.loads(relay.bodies[1])
+    so_far = continuation["messages"][-1]["content"]
+    assert len(so_far.split()) == (AFTER - 1) * PER
+    assert continuation.get("max_tokens") is None  # (the SDK sends the client's null as it is)
+    assert continuation.get("max_completion_tokens") is None
+    assert text_of(chunks).startswith(so_far)
+    usage = chunks[-1]["usage"]
+    # The continuation's own tokens, and the answer so far counted by its 4 chunks, not its 12 tokens.
+    assert usage["completion_tokens"] == len(text_of(chunks).split()) - (AFTER - 1) * PER + (AFTER - 1)
+    line = await proxy.line_for("tok-6")
+    assert (line["outcome"], line["reason"], line["resumes"]) == ("ok", "complete", 1)
+    assert "resume_refusal" not in line
+    assert line["usage_source"] == "estimated"
+    assert (resumes(proxy, "resumed"), resumes(proxy, "refused")) == (1, 0)
+    labels = {"api": "chat_completions", "model": "fake-model", "kind": "completion", "source": "estimated"}
+    assert proxy.sample("streamwarden_tokens_total", labels) == usage["completion_tokens"]
+
+
+async def test_a_counted_resume_books_its_usage_as_the_upstream_s(
+    make_proxy: ProxyFactory, fake_upstream: FakeUpstream
+) -> None:
+    """The same stream where `/tokenize` counts: the usage is the uncut answer's, booked `usage`."""
+    proxy = await make_proxy(resume_on_cut=1)
+    await chat(proxy.url, CUT, "tok-7", max_tokens=None)
+    line = await proxy.line_for("tok-7")
+    assert (line["outcome"], line["resumes"], line["usage_source"]) == ("ok", 1, "usage")
+    assert fake_upstream.server.app[STATS].tokenized == 1
+
+
 @pytest.mark.parametrize(
     ("mode", "why"),
     [

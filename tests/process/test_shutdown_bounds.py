@@ -3,6 +3,8 @@
 A black-hole collector (its accept queue full, so a connect never completes) and 100 streams in
 flight at SIGTERM. The bound asserted is the documented one plus slack for a busy machine, far
 below the 10-30 s that a wait on the collector's exporter would take: only that bug exceeds it.
+An idle proxy does not wait out the rest of a long --drain-timeout on a collector that accepts and
+never answers either: its last spans get a short fixed share, not the drain's 30 s.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -43,6 +46,29 @@ def black_hole() -> Iterator[str]:
     for filler in fillers:
         filler.close()
     listener.close()
+
+
+@pytest.fixture
+def silent_collector() -> Iterator[str]:
+    """A collector address that accepts every connection and never reads or answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # (the listener closed: the test is over)
+            while True:
+                held.append(listener.accept()[0])
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.shutdown(socket.SHUT_RDWR)
+    listener.close()
+    acceptor.join(WAIT)
+    for conn in held:
+        conn.close()
 
 
 async def _hanging_stream_upstream(aiohttp_server: AiohttpServer, started: list[int]) -> str:
@@ -97,3 +123,38 @@ async def test_streams_and_a_dead_collector_exit_within_the_drain_bound(
     assert took < DRAIN + 1.0 + SLACK, took
     reasons = [line["reason"] for line in proxy.lines()]
     assert reasons.count("shutdown") == STREAMS, reasons
+
+
+async def test_an_idle_proxy_does_not_wait_the_drain_out_on_a_silent_collector(
+    aiohttp_server: AiohttpServer, silent_collector: str
+) -> None:
+    """Idle at SIGTERM, `--drain-timeout 30`, a span queued for a collector that accepts and never answers.
+
+    Before: the tracer's flush had all that was left of the 31 s bound, and the exporter's 10 s
+    timeout (then its retries) held the exit for 10-30 s. Now the flush has a short fixed share.
+    """
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    upstream = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+    # The batch processor's own schedule never exports before SIGTERM: the span is still queued then.
+    proxy = ServeProcess(upstream, "--drain-timeout", "30", "--otlp-endpoint", silent_collector,
+                         env={"OTEL_BSP_SCHEDULE_DELAY": "600000"})  # fmt: skip
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
+            async with http.post(proxy.url + "/v1/chat/completions", json={"model": "m", "messages": []}) as resp:
+                assert resp.status == 200
+        await proxy.line(lambda line: line.get("outcome") == "ok")  # booked: idle, one span queued
+        proxy.signal(signal.SIGTERM)
+        began = time.monotonic()
+        await asyncio.to_thread(proxy.proc.wait, WAIT * 2)
+        took = time.monotonic() - began
+    finally:
+        proxy.stop()
+    assert proxy.proc.returncode == 0, proxy.stderr_text()[-2000:]
+    # The exit path's own steps (about 1 s) plus slack for a busy machine; the exporter alone takes 10 s.
+    assert took < 1.0 + SLACK, took
+    assert len(proxy.lines("tracing_flush_timeout")) == 1, proxy.stderr_text()[-2000:]

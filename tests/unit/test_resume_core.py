@@ -4,6 +4,7 @@ guard that asks before it ends a committed stream (fed whole, at every split and
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 from typing import Any
 
 import orjson
@@ -596,3 +597,65 @@ def test_no_continuation_is_sent_past_the_body_limit() -> None:
     guard, resumer = cut_resumer(raw, max_size=len(raw) + 200)
     assert guard.fail(Reason.STREAM_CUT).resume
     assert len(resumer.body()) <= len(raw) + 200
+
+
+@pytest.mark.parametrize("api", ["chat_completions", "completions"])
+def test_an_answer_past_the_body_limit_is_no_longer_recorded(api: str) -> None:
+    """A 100 MB answer was kept whole (HWM 415-463 MiB against 45) though no continuation can carry
+    more than --max-body-size: past it nothing more is kept, the stream records no more (its quick
+    paths return), and a later cut ends as without the flag, the refusal saying why."""
+    limit = 1000
+    if api == "chat_completions":
+        raw, make = orjson.dumps(CHAT_REQUEST), chunk
+        head = chunk(FIRST, ROLE)
+    else:
+        raw, make, head = orjson.dumps({"model": "m", "stream": True, "prompt": "Say it."}), text_chunk, b""
+    resumer = Resumer(api, raw, 2, limit)
+    guard = StreamGuard(DIALECTS[api], hold=True, may_resume=resumer.may_resume)
+    resumer.watch(guard.stream)
+    word = "abcdefghi "  # 10 characters a chunk, each with its token ids (a completions continuation's other way)
+    run(guard, head + b"".join(make(FIRST, word, token_ids=[1000 + i]) if api == "completions"
+                              else make(FIRST, {"content": word}, token_ids=[1000 + i]) for i in range(90)), [])
+    assert len(resumer.transcript.text) == 900  # (under the limit: kept)
+    assert guard.stream.recorder is not None  # type: ignore[attr-defined]
+    more = b"".join(make(FIRST, word, token_ids=[7]) if api == "completions"
+                    else make(FIRST, {"content": word}, token_ids=[7]) for _ in range(500))
+    run(guard, more, [])
+    transcript = resumer.transcript
+    assert transcript.overflowed
+    assert (transcript.text, transcript.token_ids) == ("", [])
+    assert guard.stream.recorder is None  # type: ignore[attr-defined]
+    step = guard.fail(Reason.STREAM_CUT)
+    assert step.done
+    assert not step.resume
+    assert step.reason == "stream_cut"
+    assert resumer.decisions == [("stream_cut", "refused")]
+    assert "passed --max-body-size" in (resumer.refusal or "")
+
+
+def test_token_ids_past_the_body_limit_are_dropped_and_the_text_continued() -> None:
+    """Ids no body could carry (a digit and a comma each) are not kept; the text, under the limit, is."""
+    resumer = Resumer("chat_completions", orjson.dumps(CHAT_REQUEST), 2, 1000)
+    guard = StreamGuard(DIALECTS["chat_completions"], hold=True, may_resume=resumer.may_resume)
+    resumer.watch(guard.stream)
+    run(guard, chunk(FIRST, ROLE) + chunk(FIRST, {"content": "The"}, token_ids=list(range(600))), [])
+    assert resumer.transcript.token_ids == []
+    assert resumer.transcript.exact_tokens is None
+    assert not resumer.transcript.overflowed
+    assert guard.fail(Reason.STREAM_CUT).resume
+    assert orjson.loads(resumer.body())["messages"][-1] == {"role": "assistant", "content": "The"}
+
+
+def test_the_transcript_joins_its_parts_as_it_goes() -> None:
+    """Small text parts are joined every so often: a list of 3-character strings is ~20 times its text."""
+    transcript = Transcript()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(100_000):
+            transcript.note({"choices": [{"index": 0, "delta": {"content": f"a{i % 10} "}}]})  # (a new string each)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 4 * 300_000, held  # (kept part by part: 6 MB)
+    assert transcript.text == "".join(f"a{i % 10} " for i in range(100_000))

@@ -153,3 +153,31 @@ def test_the_unanswered_tokenizer_is_booked_refused() -> None:
     resumer = cut(request(max_tokens=30), HEAD)
     resumer.uncounted("no tokenizer to count the answer so far: /tokenize did not answer within 2 s")
     assert resumer.decisions == [("stream_cut", "refused")]
+
+
+@pytest.mark.parametrize("min_tokens", [None, 5])
+def test_without_a_budget_no_count_is_no_refusal_and_the_usage_is_estimated(min_tokens: int | None) -> None:
+    """Only the usage asked for needs the count: without it the continuation goes, on the chunks' count
+    (it asks no budget either), and the usage is marked estimated; `min_tokens` is a budget to lower."""
+    fields: dict[str, Any] = {"stream_options": {"include_usage": True}}
+    if min_tokens is not None:
+        fields["min_tokens"] = min_tokens
+    resumer = cut(request(**fields), HEAD)
+    assert resumer.count_request() is not None  # (asked: a count would make the usage exact)
+    if min_tokens is not None:
+        assert not resumer.counted(404, b'{"detail": "Not Found"}')
+        assert resumer.decisions == [("stream_cut", "refused")]
+        return
+    assert resumer.counted(404, b'{"detail": "Not Found"}')
+    assert "max_tokens" not in orjson.loads(resumer.body())
+    assert not resumer.estimated
+    resumer.started()
+    assert resumer.estimated
+    assert resumer.decisions == [("stream_cut", "resumed")]
+
+
+def test_a_counted_continuation_is_not_estimated() -> None:
+    resumer = cut(request(stream_options={"include_usage": True}), HEAD)
+    assert resumer.counted(200, b'{"count": 9}')
+    resumer.started()
+    assert not resumer.estimated

@@ -44,26 +44,32 @@ def _rule_fields(obj: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def _budgeted(obj: dict[str, Any]) -> bool:
+    """The tokens so far change what the continuation asks: a budget to lower."""
+    return any(type(obj.get(key)) is int for key in (*BUDGETS, "min_tokens"))
+
+
 def _counts_matter(obj: dict[str, Any]) -> bool:
     """The tokens so far change what the continuation or the client is told: a budget to lower, or
     the usage chunk the client asked for."""
     options = obj.get("stream_options")
     usage = type(options) is dict and options.get("include_usage") is True
-    return usage or any(type(obj.get(key)) is int for key in (*BUDGETS, "min_tokens"))
+    return usage or _budgeted(obj)
 
 
 class Resumer:
     """Decides, for one streamed exchange, whether each break is continued (at most `limit` times)."""
 
-    __slots__ = ("_api", "_body", "_booked", "_counts", "_fields", "_max_size", "_model", "_next", "_reason",
-                 "_running", "limit", "refusal", "resumes", "transcript")
+    __slots__ = ("_api", "_body", "_booked", "_budgeted", "_counts", "_fields", "_max_size", "_model", "_next",
+                 "_reason", "_running", "_stream", "estimated", "limit", "refusal", "resumes", "transcript")
 
     def __init__(self, api: str, body: bytes | bytearray, limit: int, max_size: int | None = None) -> None:
         self._api = api
         self._max_size = max_size  # --max-body-size: no continuation is sent past it
+        self._stream: ChatStream | None = None  # the stream that records into the transcript
         self._next: bytes | None = None  # the continuation's body, built when one is due
         self.limit = limit
-        self.transcript = Transcript()
+        self.transcript = Transcript(max_size)
         self.resumes = 0  # continuations that answered with a stream
         self._booked: list[tuple[str, str]] = []  # (reason, result), in order
         self._running: str | None = None  # the break the streaming continuation mends (booked at its end)
@@ -73,11 +79,16 @@ class Resumer:
         # a body of many small objects is ~20 times its size as Python objects.
         self._body = bytes(body)
         self._fields: dict[str, Any] | None = None  # the few fields a break's refusal rules read
-        self._counts = False  # the tokens so far must be counted, not guessed (see `count_request`)
+        self._counts = False  # the tokens so far are worth counting, not guessing (see `count_request`)
+        self._budgeted = False  # and without a count there is no continuation (a budget it could pass)
+        # A continuation went out on a count of the answer so far that is only a lower bound: the usage
+        # the client and the books get is an estimate.
+        self.estimated = False
         self._model: object = None
         try:
             obj = parse_request(api, self._body)
             self._fields, self._counts, self._model = _rule_fields(obj), _counts_matter(obj), obj.get("model")
+            self._budgeted = _budgeted(obj)
         except Refusal as exc:
             self.refusal = str(exc)
             self._body = b""
@@ -96,9 +107,18 @@ class Resumer:
         return [*self._booked, (self._running, "resumed")]
 
     def watch(self, stream: DialectStream) -> None:
-        """Keep the transcript from the chunks this stream's dialect parses."""
+        """Keep the transcript from the chunks this stream's dialect parses (until it passes
+        --max-body-size: then the stream goes back to its quick paths, recording nothing)."""
         if isinstance(stream, ChatStream):
-            stream.recorder = self.transcript.note
+            self._stream = stream
+            stream.recorder = self._note
+
+    def _note(self, obj: dict[str, Any]) -> None:
+        transcript = self.transcript
+        transcript.note(obj)
+        if transcript.overflowed and self._stream is not None:
+            self._stream.recorder = None
+            self._stream = None
 
     def may_resume(self, reason: str, status: int) -> bool:
         """The guard's question: continue this break? A no for a break of the resumable kinds is counted."""
@@ -148,23 +168,34 @@ class Resumer:
         return tokenize_body(self._model, text), answer_limit(text)
 
     def counted(self, status: int, answer: bytes) -> bool:
-        """`/tokenize`'s answer: True when it counted the text (the continuation is built), else the
-        break is refused: without a count the continuation could ask for more than the budget left."""
+        """`/tokenize`'s answer: True when the continuation may go (built on the count, or on the chunks'
+        lower bound where no budget needs it), else the break is refused: without a count the
+        continuation could ask for more than the budget left."""
         assert self._reason is not None
         text = self.transcript.text
         try:
-            self.transcript.tokenized = (len(text), read_count(status, answer, text))
+            count = read_count(status, answer, text)
+        except Refusal as exc:
+            return self.uncounted(str(exc))
+        self.transcript.tokenized = (len(text), count)
+        try:
             self._build()
         except Refusal as exc:
-            self.uncounted(str(exc))
+            self._refuse(self._reason, str(exc))
+            self._reason = None
             return False
         return True
 
-    def uncounted(self, why: str) -> None:
-        """`/tokenize` was not answered (cut, too slow, too long): the break is refused."""
+    def uncounted(self, why: str) -> bool:
+        """The tokens so far could not be counted (no `/tokenize`, no count in its answer, none in time):
+        False, the break refused, where the client set a budget; else True, the continuation goes as
+        built, which asks no budget either (only the usage, then estimated, needed the count)."""
         assert self._reason is not None
+        if not self._budgeted:
+            return True
         self._refuse(self._reason, why)
         self._reason = None
+        return False
 
     def body(self) -> bytes:
         """The continuation request's body (after a yes, and after `counted()` where it was asked)."""
@@ -177,6 +208,8 @@ class Resumer:
         assert self._reason is not None
         self._running = self._reason  # booked `resumed` unless it breaks in turn
         self._next = None
+        if not self.transcript.counted:  # (the stitcher moves a lower bound of tokens into the usage)
+            self.estimated = True
         self.resumes += 1
         self._reason = None
         return Stitcher(self.transcript)

@@ -127,6 +127,8 @@ def _ids(value: object) -> bool:
 
 def cut_refusal(obj: dict[str, Any], transcript: Transcript) -> None:
     """Raise Refusal when what the client received rules the continuation out."""
+    if transcript.overflowed:
+        raise Refusal("the answer so far passed --max-body-size: no continuation could carry it, so it was not kept")
     if transcript.other_output:
         raise Refusal("the answer so far holds output other than text (reasoning, tool calls)")
     if not transcript.text and transcript.exact_tokens is None:

@@ -2,7 +2,9 @@
 must carry, the tokens it must subtract, and the first chunk's identity every later chunk repeats.
 
 The chat dialect hands every chunk object it parsed to `note` (one call per event, no second parse),
-so the transcript grows with the first stream and with every stitched continuation alike.
+so the transcript grows with the first stream and with every stitched continuation alike, up to
+`limit` (--max-body-size): an answer no continuation's body could carry is not kept (`overflowed`),
+where a 100 MB answer was held whole for nothing (issue 36: HWM 415-463 MiB, 45 without the flag).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ IDENTITY_KEYS = ("id", "created", "model", "system_fingerprint")
 # Delta keys that are not output: anything else with a value is output the proxy cannot continue
 # (reasoning, tool calls, refusals, audio), except `content`, which it can.
 _NOT_OUTPUT = frozenset({"role", "content"})
+_JOIN_EVERY = 1024  # text parts kept before they are joined into one string
 
 
 def _token_ids(value: object) -> list[int] | None:
@@ -29,12 +32,16 @@ class Transcript:
 
     __slots__ = (
         "_ids_complete",
+        "_limit",
         "_parts",
+        "_size",
+        "_tail",
         "_usage_bad",
         "chunks",
         "content_events",
         "identity",
         "other_output",
+        "overflowed",
         "prompt_token_ids",
         "prompt_tokens",
         "reported_completion",
@@ -42,8 +49,12 @@ class Transcript:
         "tokenized",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
+        self._limit = limit  # the largest continuation body (--max-body-size), None: no bound
+        self._size = 0  # characters of text, each at least one byte of a continuation's body
+        self.overflowed = False  # the answer passed `limit`: nothing is kept any more, no continuation
         self._parts: list[str] = []
+        self._tail = 0  # parts appended since the last join (`text` joins them all)
         self.identity: dict[str, Any] | None = None  # the first chunk's id, created, model, fingerprint
         self.content_events = 0  # chunks that carried text
         self.chunks = 0  # chunks that carried a token, text or not (vLLM's "" while it holds back bytes)
@@ -75,6 +86,7 @@ class Transcript:
     def text(self) -> str:
         if len(self._parts) > 1:
             self._parts[:] = ["".join(self._parts)]
+            self._tail = 0
         return self._parts[0] if self._parts else ""
 
     @property
@@ -126,6 +138,8 @@ class Transcript:
 
     def note(self, obj: dict[str, Any]) -> None:
         """One chunk object of the stream as the client receives it."""
+        if self.overflowed:
+            return
         if self.identity is None:
             self.identity = {key: obj[key] for key in IDENTITY_KEYS if key in obj}
         choices = obj.get("choices")
@@ -154,14 +168,38 @@ class Transcript:
             else:
                 text = choice.get("text")
             ids = _token_ids(choice.get("token_ids"))
-            if ids is not None:  # (a token may end inside a character: ids without text)
+            if ids is not None and self._ids_complete:  # (a token may end inside a character: ids without text)
                 self.token_ids.extend(ids)
             if type(text) is not str or not text:
                 continue
-            self._parts.append(text)
+            parts = self._parts
+            parts.append(text)
+            self._tail += 1
+            if self._tail >= _JOIN_EVERY:  # (a small string takes 49 bytes more than its text)
+                parts[-_JOIN_EVERY:] = ["".join(parts[-_JOIN_EVERY:])]
+                self._tail = 0
+            self._size += len(text)
             self.content_events += 1
             if ids is None:
                 self._ids_complete = False
+                if self.token_ids:  # (not exact any more: never read)
+                    self.token_ids = []
+        limit = self._limit
+        if limit is not None:
+            self._bound(limit)
+
+    def _bound(self, limit: int) -> None:
+        """Keep no more than a continuation's body could carry. Its text passed `limit` (a character is
+        a byte of the body at least): no continuation; a chat one carries the text, and a completions
+        one that carries token ids instead needs as many bytes or more (an id from 1,000 on and its
+        comma take 5: a token has 4 characters or so). Token ids past `limit` / 2 (a digit and a comma
+        each) are not kept: the text is continued instead, counted as if they never came."""
+        if 2 * len(self.token_ids) > limit:
+            self.token_ids, self._ids_complete = [], False
+        if self._size > limit:
+            self.overflowed = True
+            self._parts, self._tail = [], 0
+            self.token_ids, self.prompt_token_ids = [], None
 
     @staticmethod
     def _carries_token(choice: dict[str, Any], delta: object) -> bool:
