@@ -85,6 +85,7 @@ def test_the_container_runs_as_the_manifest_says(pod: Pod, sidecar: Container) -
     assert "no-new-privileges" in host["SecurityOpt"]
     assert host["Memory"] == sidecar.memory_limit == 512 * 2**20
     assert host["NanoCpus"] == 2 * 10**9
+    assert host["CpuShares"] == 1024  # requests.cpu 1
     # What the process itself has: uid/gid, no capabilities, no_new_privs, seccomp filtering (mode 2).
     status = docker("exec", name, "cat", "/proc/1/status").stdout
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)

@@ -13,6 +13,8 @@ with their volumes, its resource limits, its preStop command and the pod's grace
   seccompProfile RuntimeDefault -> Docker's default profile (nothing to add); Unconfined -> seccomp=unconfined
   emptyDir (either medium) -> a tmpfs at the mount path, sized by sizeLimit, mode 0777 as the kubelet makes it
   limits.memory -> --memory (swap the same: none);  limits.cpu -> --cpus
+  requests.cpu -> --cpu-shares (1024 a CPU, as the kubelet sets cgroup v1's cpu.shares); requests.memory
+  only schedules a pod, and has no option
   terminationGracePeriodSeconds -> --stop-timeout (docker stop's SIGKILL comes when the kubelet's would)
 
 What Docker has no option for is kept for the test to do as the kubelet does: the probes (polled by the
@@ -36,12 +38,15 @@ class Unsupported(ValueError):
 
 @dataclass(frozen=True)
 class Probe:
-    path: str
-    port: int
+    """An httpGet probe (path, port) or an exec probe (command: `docker exec` runs it)."""
+
+    path: str | None
+    port: int | None
     period: float
     timeout: float
     failure_threshold: int
     initial_delay: float = 0.0
+    command: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class Container:
     tmpfs: dict[str, int | None]  # mount path -> size in bytes (None: no sizeLimit)
     memory_limit: int | None
     cpu_limit: float | None
+    cpu_request: float | None
     pre_stop: list[str] | None
     grace_seconds: int = 30  # Kubernetes' default terminationGracePeriodSeconds
 
@@ -108,16 +114,18 @@ def _deployment(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
 def _probe(raw: dict[str, Any] | None, ports: dict[str, int]) -> Probe | None:
     if raw is None:
         return None
-    if set(raw) & {"exec", "tcpSocket", "grpc"} or "httpGet" not in raw:
-        raise Unsupported(f"only httpGet probes are carried out: {raw}")
+    # Kubernetes' defaults: periodSeconds 10, timeoutSeconds 1, failureThreshold 3, initialDelaySeconds 0.
+    timing = (float(raw.get("periodSeconds", 10)), float(raw.get("timeoutSeconds", 1)),
+              int(raw.get("failureThreshold", 3)), float(raw.get("initialDelaySeconds", 0)))
+    if set(raw) & {"tcpSocket", "grpc"}:
+        raise Unsupported(f"only httpGet and exec probes are carried out: {raw}")
+    if "exec" in raw:
+        return Probe(None, None, *timing, command=list(raw["exec"]["command"]))
     get = raw["httpGet"]
     if get.get("scheme", "HTTP") != "HTTP" or get.get("host") or get.get("httpHeaders"):
         raise Unsupported(f"httpGet with scheme/host/headers: {get}")
     port = get["port"]
-    number = ports[port] if isinstance(port, str) else int(port)
-    # Kubernetes' defaults: periodSeconds 10, timeoutSeconds 1, failureThreshold 3, initialDelaySeconds 0.
-    return Probe(get.get("path", "/"), number, float(raw.get("periodSeconds", 10)), float(raw.get("timeoutSeconds", 1)),
-                 int(raw.get("failureThreshold", 3)), float(raw.get("initialDelaySeconds", 0)))
+    return Probe(get.get("path", "/"), ports[port] if isinstance(port, str) else int(port), *timing)
 
 
 def container(docs: list[dict[str, Any]], deployment: str, name: str) -> Container:
@@ -150,6 +158,7 @@ def container(docs: list[dict[str, Any]], deployment: str, name: str) -> Contain
         size = (volume["emptyDir"] or {}).get("sizeLimit")
         tmpfs[mount["mountPath"]] = int(quantity(size)) if size is not None else None
     limits = spec.get("resources", {}).get("limits", {})
+    requests = spec.get("resources", {}).get("requests", {})
     capabilities = security.get("capabilities", {})
     seccomp = security.get("seccompProfile", {}).get("type")
     if seccomp not in (None, "RuntimeDefault", "Unconfined"):
@@ -179,6 +188,7 @@ def container(docs: list[dict[str, Any]], deployment: str, name: str) -> Contain
         tmpfs=tmpfs,
         memory_limit=int(quantity(limits["memory"])) if "memory" in limits else None,
         cpu_limit=quantity(limits["cpu"]) if "cpu" in limits else None,
+        cpu_request=quantity(requests["cpu"]) if "cpu" in requests else None,
         pre_stop=pre_stop["exec"]["command"] if pre_stop else None,
         grace_seconds=int(pod.get("terminationGracePeriodSeconds", 30)),
     )
@@ -208,6 +218,8 @@ def docker_run_options(spec: Container, *, network: str) -> list[str]:
         options += [f"--memory={spec.memory_limit}", f"--memory-swap={spec.memory_limit}"]
     if spec.cpu_limit is not None:
         options.append(f"--cpus={spec.cpu_limit:g}")
+    if spec.cpu_request is not None:
+        options.append(f"--cpu-shares={max(2, int(spec.cpu_request * 1024))}")
     options += [f"--env={key}={value}" for key, value in spec.env.items()]
     if spec.command:
         options.append(f"--entrypoint={spec.command[0]}")

@@ -17,7 +17,8 @@ POD: dict[str, Any] = {
         "securityContext": {"fsGroup": 1000, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": 60,
         "containers": [
-            {"name": "backend", "image": "vllm", "command": ["vllm", "serve"], "args": ["m", "--port=8000"]},
+            {"name": "backend", "image": "vllm", "command": ["vllm", "serve"], "args": ["m", "--port=8000"],
+             "readinessProbe": {"exec": {"command": ["python3", "-c", "1"]}, "periodSeconds": 10}},
             {
                 "name": "proxy",
                 "image": "registry.example.com/streamwarden:0.1.0",
@@ -28,7 +29,8 @@ POD: dict[str, Any] = {
                                    "timeoutSeconds": 3, "failureThreshold": 2},
                 "livenessProbe": {"httpGet": {"path": "/healthz", "port": 9464}},
                 "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
-                "resources": {"limits": {"cpu": "1500m", "memory": "512Mi"}},
+                "resources": {"limits": {"cpu": "1500m", "memory": "512Mi"},
+                              "requests": {"cpu": "250m", "memory": "128Mi"}},
                 "securityContext": {"runAsUser": 10001, "runAsGroup": 10001, "allowPrivilegeEscalation": False,
                                     "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
                 "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
@@ -69,6 +71,7 @@ def test_every_field_becomes_its_docker_option() -> None:
         f"--memory={512 * 2**20}",
         f"--memory-swap={512 * 2**20}",
         "--cpus=1.5",
+        "--cpu-shares=256",
         "--env=A=1",
         "--env=B=x y",
     ]
@@ -79,6 +82,7 @@ def test_a_command_replaces_the_entrypoint_and_its_other_words_lead_the_args() -
     options = docker_run_options(dataclasses.replace(spec, user=1000), network="host")
     assert "--entrypoint=vllm" in options
     assert spec.argv() == ["serve", "m", "--port=8000"]
+    assert spec.readiness == Probe(None, None, 10.0, 1.0, 3, command=["python3", "-c", "1"])  # docker exec runs it
     assert spec.grace_seconds == 60
 
 
@@ -98,7 +102,7 @@ def test_the_default_grace_period_is_kubernetes_30_s() -> None:
     ("path", "value"),
     [
         (("env",), [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]),
-        (("readinessProbe",), {"exec": {"command": ["true"]}}),
+        (("readinessProbe",), {"tcpSocket": {"port": 8080}}),
         (("readinessProbe",), {"httpGet": {"path": "/", "port": 1, "scheme": "HTTPS"}}),
         (("volumeMounts",), [{"name": "tmp", "mountPath": "/tmp", "subPath": "x"}]),
         (("securityContext", "seccompProfile"), {"type": "Localhost", "localhostProfile": "p.json"}),
