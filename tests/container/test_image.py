@@ -13,10 +13,11 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from podrun import Pod, docker, inspect, required, sse_lines
-from support.pod import Container
+from support.pod import Container, container
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -267,3 +268,24 @@ def test_memory_stays_under_the_limit_at_256_streams(pod: Pod, sidecar: Containe
     page = metrics(pod, sidecar)
     assert sample(page, "streamwarden_requests_total", outcome="ok") == STREAMS
 
+
+
+@pytest.mark.parametrize("deployment", ["llm-vllm", "llm-llamacpp"])
+def test_each_deployments_sidecar_serves_as_its_manifest_says(
+    pod: Pod, rendered: list[dict[str, Any]], deployment: str
+) -> None:
+    """Both backends' manifests: their own limits and settings, the same image, a whole stream, no writes."""
+    spec = container(rendered, deployment, "streamwarden")
+    pod.run_fake()
+    name = pod.run_sidecar(spec)
+    assert spec.readiness is not None
+    pod.wait_for(spec.readiness.port, spec.readiness.path, 200, BOUND)
+    with contextlib.closing(pod.request(spec.ports["http"], "POST", CHAT, chat())) as resp:
+        assert resp.status == 200
+        assert b"data: [DONE]" in list(sse_lines(resp))
+    host = inspect(name)["HostConfig"]
+    assert host["Memory"] == spec.memory_limit
+    assert spec.cpu_limit is not None
+    assert host["NanoCpus"] == int(spec.cpu_limit * 10**9)
+    assert host["ReadonlyRootfs"] is True
+    assert diff(name) == []
