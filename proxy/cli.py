@@ -3,19 +3,51 @@
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from proxy import __version__
 from proxy.config import ConfigError, add_serve_parser, config_from_args
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "compiled", "main", "version_line"]
+
+# A module an exchange runs through: the compiled build (scripts/mypyc_build.py, the image) shadows it
+# with an extension module beside its source.
+_COMPILED_PROBE = "proxy.exchange.handler"
+
+
+def compiled() -> bool:
+    """Whether the mypyc-compiled build runs: the module that Python would import is an extension."""
+    spec = importlib.util.find_spec(_COMPILED_PROBE)
+    origin = spec.origin if spec is not None else None
+    return origin is not None and origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def version_line() -> str:
+    """`streamwarden --version`: the version and whether the compiled build runs (as `black --version`)."""
+    return f"streamwarden {__version__} (compiled: {'yes' if compiled() else 'no'})"
+
+
+class _VersionAction(argparse.Action):
+    """argparse's `version` action, with the line made only when asked for (it looks for the build)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> NoReturn:
+        print(version_line())
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: `serve`, `fake-upstream`, `demo`, `bench`, `check`."""
     parser = argparse.ArgumentParser(prog="streamwarden", description="LLM streaming sidecar proxy")
-    parser.add_argument("--version", action="version", version=f"streamwarden {__version__}")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the version and whether the compiled build runs, and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_serve_parser(sub)
     fake = sub.add_parser(

@@ -232,3 +232,13 @@ async def test_image_healthcheck_follows_serve_s_admin_port_argument(served: Ser
     await proc.wait()
     gone = await asyncio.create_subprocess_exec(*check, env=env, stderr=asyncio.subprocess.DEVNULL)
     assert await asyncio.wait_for(gone.wait(), 20) == 1
+
+
+def test_version_says_the_version_and_whether_the_compiled_build_runs() -> None:
+    # A checkout without `make compiled` runs the pure package; the image's answer is the container tier's.
+    from proxy import __version__
+    from proxy.cli import compiled
+
+    done = subprocess.run([PY, "-m", "proxy", "--version"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"streamwarden {__version__} (compiled: {'yes' if compiled() else 'no'})\n"
