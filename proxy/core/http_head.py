@@ -10,11 +10,11 @@ from __future__ import annotations
 __all__ = ["HeadScanner", "HeadTooLarge", "framing_error", "head_end", "head_refusal", "request_line_refusal"]
 
 
-def head_end(data: bytes) -> int:
-    """Where the first head in `data` ends: the index after its empty line (CRLF CRLF, or a bare LF
-    LF, which llhttp accepts too), or -1. The bare form is looked for only before the CRLF one."""
-    crlf = data.find(b"\r\n\r\n")
-    lf = data.find(b"\n\n", 0, crlf + 4) if crlf >= 0 else data.find(b"\n\n")
+def head_end(data: bytes, start: int = 0) -> int:
+    """Where the first head in `data[start:]` ends: the index after its empty line (CRLF CRLF, or a
+    bare LF LF, which llhttp accepts too), or -1. The bare form is looked for only before the CRLF one."""
+    crlf = data.find(b"\r\n\r\n", start)
+    lf = data.find(b"\n\n", start, crlf + 4) if crlf >= 0 else data.find(b"\n\n", start)
     if lf >= 0 and (crlf < 0 or lf + 2 < crlf + 4):
         return lf + 2
     return crlf + 4 if crlf >= 0 else -1

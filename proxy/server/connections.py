@@ -136,7 +136,7 @@ class ClientConnection(asyncio.Protocol):
     """One client connection (a `ClientChannel` for its exchanges)."""
 
     __slots__ = ("_blocks", "_complete", "_counted", "_current", "_cutter", "_drain_waiter", "_head",
-                 "_head_bytes", "_headers", "_loop", "_parser", "_parsing", "_peer", "_port", "_queue",
+                 "_head_bytes", "_headers", "_held_at", "_loop", "_parser", "_parsing", "_peer", "_port", "_queue",
                  "_reading", "_refusals", "_release_due", "_rules", "_task", "_timer", "_too_large",
                  "_unparsed", "_url", "flow_hooks", "peak_parsed_ahead", "state", "transport",
                  "writing_paused")  # fmt: skip
@@ -173,7 +173,8 @@ class ClientConnection(asyncio.Protocol):
         self._head_bytes = 0
         self._too_large = False  # the head llhttp is parsing passed the bound: its refusal is a 431
         self._cutter = MessageEnd()
-        self._unparsed = b""  # read but not fed to llhttp: held while reading is paused
+        self._unparsed = b""  # read but not fed to llhttp: held while reading is paused, from `_held_at`
+        self._held_at = 0
         self._blocks = 0
         self._release_due = False
         self._refusals: dict[ClientRequest, tuple[int, str]] = {}  # pipelined heads refused in their turn
@@ -209,7 +210,7 @@ class ClientConnection(asyncio.Protocol):
     @property
     def held_bytes(self) -> int:
         """Bytes read from the socket and held unparsed (at most one read's worth)."""
-        return len(self._unparsed)
+        return len(self._unparsed) - self._held_at
 
     # ---- the transport's callbacks ------------------------------------------------------------------
 
@@ -278,29 +279,29 @@ class ClientConnection(asyncio.Protocol):
             if complete:
                 self._head = None
                 self._disarm()
-        if self._unparsed:
-            self._unparsed += data  # (a read that came as reading paused: after what is held, in order)
+        if self._unparsed:  # (a read that came as reading paused: after what is held, in order)
+            self._unparsed, self._held_at = self._unparsed[self._held_at :] + data, 0
             return
         self._feed(data)
 
     # ---- feeding llhttp, one request at a time ----------------------------------------------------
 
-    def _feed(self, data: bytes) -> None:
-        """Feed what came, cut at each request's end; hold the rest once reading is paused."""
+    def _feed(self, data: bytes, at: int = 0) -> None:
+        """Feed `data[at:]`, cut at each request's end; hold the rest once reading is paused (by its
+        offset: a read of many pipelined requests is never copied once per request)."""
         view = memoryview(data)
-        whole = True  # (the cutter is given the bytes themselves while the view is all of them: no copy)
-        while view:
+        size = len(data)
+        while at < size:
             lingering = self.state is State.LINGERING
             if self._blocks and not lingering:
-                self._unparsed = bytes(view)
+                self._unparsed, self._held_at = data, at
                 return
-            size = len(view) if lingering else self._cutter.cut(data if whole else view)
-            whole = False
-            if not self._parse(view[:size]):
-                self._unparsed = b""
+            end = size if lingering else self._cutter.cut(data, at)
+            if not self._parse(view[at:end]):
+                self._unparsed, self._held_at = b"", 0
                 return
-            view = view[size:]
-        self._unparsed = b""
+            at = end
+        self._unparsed, self._held_at = b"", 0
 
     def _parse(self, piece: memoryview) -> bool:
         """One piece to llhttp; False when nothing more is to be parsed on this connection."""
@@ -351,9 +352,9 @@ class ClientConnection(asyncio.Protocol):
         self._release_due = False
         if self._blocks or self.state is State.CLOSED:
             return
-        held, self._unparsed = self._unparsed, b""
+        held, at, self._unparsed, self._held_at = self._unparsed, self._held_at, b"", 0
         if held:
-            self._feed(held)
+            self._feed(held, at)
         if not self._blocks and not self._reading and self.transport is not None:  # (None once CLOSED)
             self._reading = True
             self.transport.resume_reading()

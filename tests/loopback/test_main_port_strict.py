@@ -94,6 +94,33 @@ async def test_pipelined_bodies_and_chunks_are_parsed_in_their_turn(proxy: Proxy
     assert _connection(proxy).peak_parsed_ahead <= MAX_PARSED_AHEAD
 
 
+_ECHO = b"POST /_fake/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "chunked",
+    [
+        pytest.param(_ECHO + b"2;e=" + b"a" * 5000 + b"\r\n{}\r\n0\r\n\r\n", id="5k-extension"),
+        pytest.param(_ECHO + b"0" * 5000 + b"2\r\n{}\r\n0\r\n\r\n", id="5k-leading-zeros"),
+        pytest.param(_ECHO + b"2\r\n{}\r\n0\r\nT: " + b"a" * 5000 + b"\r\n\r\n", id="5k-trailer"),
+    ],
+)
+async def test_long_chunk_lines_do_not_let_pipelined_requests_be_parsed_at_once(proxy: Proxy, chunked: bytes) -> None:
+    """llhttp accepts these lines (nginx too); the cutter once gave up past 4,096 bytes and fed the whole
+    read, so every request behind it was parsed at once (one client: 682,000 queued, 729 MiB)."""
+    count = 2000  # ~70 KB of pipelined heads in the same write
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        writer.write(chunked + GET * count)
+        await writer.drain()
+        async with asyncio.timeout(WAIT * 3):
+            statuses = [(await _read_response(reader))[0] for _ in range(count + 1)]
+    finally:
+        writer.close()
+    assert statuses == [200] * (count + 1)
+    assert _connection(proxy).peak_parsed_ahead <= MAX_PARSED_AHEAD
+
+
 # ---- item 5: a body llhttp rejects is answered at once ---------------------------------------------
 
 POST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
