@@ -1,15 +1,16 @@
 """Hostile requests on the main port's request path, each measured against any checkout of the proxy
 and against nginx on the same bytes.
 
-    python scripts/measure_request_path.py [TREE] [--only cutter,parse,small] [--nginx] [--clients 200]
+    python scripts/measure_request_path.py [TREE] [--only cutter-extension,parse,small] [--nginx] [--clients 200]
 
 TREE is a directory holding a `proxy/` package (default: this checkout), run as `python -m proxy serve`
 from TREE (`git archive main proxy | tar -x -C /tmp/base` measures main; `make compiled` in TREE
 measures the compiled build). Prints one JSON line per case:
 
-- cutter: CLIENTS connections, each one write of a chunked streamed chat whose first chunk line
-  carries a 5,000-byte extension (or 5,000 leading zeros, or whose trailer is 5 KB), then 250 KB of
-  pipelined `GET /v1/models`: the proxy's peak RSS, and another client's GET latency meanwhile.
+- cutter-extension, cutter-zeros, cutter-trailer: CLIENTS connections, each one write of a chunked
+  streamed chat whose first chunk line carries a 5,000-byte extension (or 5,000 leading zeros, or
+  whose trailer is 5 KB), then 250 KB of pipelined `GET /v1/models`: the proxy's peak RSS, and
+  another client's GET latency meanwhile.
 - parse: 30 clients at once, each an 8.1 MB chat body holding 2.7 M empty objects (with and without
   --resume-on-cut): peak RSS, another client's GET latency (median, max).
 - small: `Content-Length: N ` with Expect: 100-continue past the limit, the close after a broken
@@ -198,11 +199,8 @@ async def small(port: int) -> dict[str, Any]:
 
 
 async def run_case(case: str, port: int, pids: list[int], clients: int) -> dict[str, Any]:
-    if case == "cutter":
-        results = {}
-        for kind in ("extension", "zeros", "trailer"):
-            results[kind] = await cutter(port, pids, clients, kind)
-        return results
+    if case.startswith("cutter-"):
+        return await cutter(port, pids, clients, case.partition("-")[2])
     if case == "parse":
         return await parse(port, pids)
     return await small(port)
@@ -225,7 +223,7 @@ async def main(tree: Path, cases: list[str], clients: int, with_nginx: bool, fla
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("tree", nargs="?", default=str(Path(__file__).resolve().parent.parent))
-    parser.add_argument("--only", default="cutter,parse,small")
+    parser.add_argument("--only", default="cutter-extension,cutter-zeros,cutter-trailer,parse,small")
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--nginx", action="store_true")
     parser.add_argument("--flag", action="append", default=[], help="a flag for serve (repeatable)")
