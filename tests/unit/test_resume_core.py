@@ -596,3 +596,15 @@ def test_no_continuation_is_sent_past_the_body_limit() -> None:
     guard, resumer = cut_resumer(raw, max_size=len(raw) + 200)
     assert guard.fail(Reason.STREAM_CUT).resume
     assert len(resumer.body()) <= len(raw) + 200
+
+
+def test_a_resumer_takes_the_handlers_parse_and_refuses_a_body_not_parsed() -> None:
+    """The request is parsed once (the handler's parse is handed over); a body the handler did not
+    parse (compressed, or costly to parse) is refused, not parsed here."""
+    body = orjson.dumps(CHAT_REQUEST)
+    assert Resumer("chat_completions", body, 1, request=orjson.loads(body)).possible
+    unparsed = Resumer("chat_completions", body, 1, request=None)
+    assert not unparsed.possible
+    assert unparsed.refusal is not None
+    assert "not parsed" in unparsed.refusal
+    assert not Resumer("chat_completions", body, 1, request=[1]).possible
