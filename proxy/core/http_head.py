@@ -7,7 +7,15 @@ large_client_header_buffers bound it) and the header timeout knows when the head
 
 from __future__ import annotations
 
-__all__ = ["HeadScanner", "HeadTooLarge", "framing_error", "head_end", "head_refusal", "request_line_refusal"]
+__all__ = [
+    "MAX_HEADERS", "HeadScanner", "HeadTooLarge", "framing_error", "head_end", "head_refusal", "request_line_refusal",
+]
+
+
+# Header fields in one request (its trailers included): 10,000 one-byte fields fit in a head of
+# --max-header-size and would all be forwarded. Apache (LimitRequestFields), HAProxy (tune.http.maxhdr)
+# and Envoy (max_headers_count) all allow 100; more is a 431.
+MAX_HEADERS = 100
 
 
 def head_end(data: bytes, start: int = 0) -> int:
