@@ -83,31 +83,42 @@ async def nginx(upstream: str) -> AsyncIterator[tuple[int, list[int]]]:
 
 
 async def get_latencies(port: int, stop: asyncio.Event) -> list[float]:
-    """Another client: one GET /v1/models at a time on its own connection until `stop`, in ms."""
+    """Another client, in a process of its own (not this script's loop, which also runs the backend):
+    one GET /v1/models at a time on one connection until `stop`; the latencies in ms."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--latency-client", str(port),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    await stop.wait()
+    out, _ = await child.communicate(b"")
+    return [float(x) for x in out.split()]
+
+
+async def _latency_client(port: int) -> None:
     took: list[float] = []
+    stop = asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        while not stop.is_set():
-            started = time.perf_counter()
-            writer.write(GET)
-            try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
-            except TimeoutError:
-                took.append((time.perf_counter() - started) * 1000)  # (no answer within a minute: the last)
-                break
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
-            took.append((time.perf_counter() - started) * 1000)
-            await asyncio.sleep(0.01)
-    finally:
-        writer.close()
-    return took
+    while not stop.done():
+        started = time.perf_counter()
+        writer.write(GET)
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+        except TimeoutError:
+            took.append((time.perf_counter() - started) * 1000)  # (no answer within a minute: the last)
+            break
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        took.append((time.perf_counter() - started) * 1000)
+        await asyncio.sleep(0.01)
+    writer.close()
+    print(" ".join(f"{t:.2f}" for t in took), flush=True)
 
 
 def summary(took: list[float]) -> dict[str, float]:
     if not took:
         return {"gets": 0}
-    return {"gets": len(took), "get_p50_ms": round(statistics.median(took), 1), "get_max_ms": round(max(took), 1)}
+    p90 = sorted(took)[int(len(took) * 0.9)]
+    return {"gets": len(took), "get_p50_ms": round(statistics.median(took), 1), "get_p90_ms": round(p90, 1),
+            "get_max_ms": round(max(took), 1)}
 
 
 async def cutter(port: int, pids: list[int], clients: int, kind: str) -> dict[str, Any]:
@@ -227,6 +238,10 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--nginx", action="store_true")
     parser.add_argument("--flag", action="append", default=[], help="a flag for serve (repeatable)")
+    parser.add_argument("--latency-client", type=int, help=argparse.SUPPRESS)
     cli = parser.parse_args()
+    if cli.latency_client:
+        asyncio.run(_latency_client(cli.latency_client))
+        sys.exit(0)
     sys.setrecursionlimit(10_000)
     asyncio.run(main(Path(cli.tree).resolve(), cli.only.split(","), cli.clients, cli.nginx, cli.flag))
