@@ -12,7 +12,8 @@ measures the compiled build). Prints one JSON line per case:
   whose trailer is 5 KB), then 250 KB of pipelined `GET /v1/models`: the proxy's peak RSS, and
   another client's GET latency meanwhile.
 - parse: 30 clients at once, each an 8.1 MB chat body holding 2.7 M empty objects (with and without
-  --resume-on-cut): peak RSS, another client's GET latency (median, max).
+  --resume-on-cut): peak RSS, another client's GET latency (median, max). parse-string: the same
+  size as one string (what moving the bytes costs, without a costly parse).
 - small: `Content-Length: N ` with Expect: 100-continue past the limit, the close after a broken
   chunk line, 10,000 one-byte headers: what the client gets, and how soon.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -70,6 +72,7 @@ async def nginx(upstream: str) -> AsyncIterator[tuple[int, list[int]]]:
     from proxy.tools.bench.targets import nginx_config
 
     port, prefix = free_port(), Path(tempfile.mkdtemp(prefix="nginx-"))
+    os.chmod(prefix, 0o777)  # (nginx's workers run as nobody when it is started as root: its body files)
     (prefix / "nginx.conf").write_text(nginx_config(prefix, port, URL(upstream)))
     argv = ["nginx", "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
@@ -141,13 +144,13 @@ async def cutter(port: int, pids: list[int], clients: int, kind: str) -> dict[st
     return result
 
 
-def empty_objects_body() -> bytes:
-    extra = b"[" + b"{}," * 2_700_000 + b"{}]"
+def empty_objects_body(kind: str) -> bytes:
+    extra = b"[" + b"{}," * 2_700_000 + b"{}]" if kind == "objects" else b'"' + b"x" * 8_100_000 + b'"'
     return b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],"x":' + extra + b"}"
 
 
-async def parse(port: int, pids: list[int]) -> dict[str, Any]:
-    body = empty_objects_body()
+async def parse(port: int, pids: list[int], kind: str) -> dict[str, Any]:
+    body = empty_objects_body(kind)
     request = (b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body)) + body  # fmt: skip
     stop = asyncio.Event()
@@ -212,15 +215,15 @@ async def small(port: int) -> dict[str, Any]:
 async def run_case(case: str, port: int, pids: list[int], clients: int) -> dict[str, Any]:
     if case.startswith("cutter-"):
         return await cutter(port, pids, clients, case.partition("-")[2])
-    if case == "parse":
-        return await parse(port, pids)
+    if case.startswith("parse"):
+        return await parse(port, pids, "string" if case == "parse-string" else "objects")
     return await small(port)
 
 
 async def main(tree: Path, cases: list[str], clients: int, with_nginx: bool, flags: list[str]) -> None:
     async with backend() as b:
         for case in cases:
-            variants = [flags, [*flags, "--resume-on-cut", "1"]] if case == "parse" else [flags]
+            variants = [flags, [*flags, "--resume-on-cut", "1"]] if case.startswith("parse") else [flags]
             for extra in variants:
                 async with serving(tree, b.url, "--max-client-connections", "10000", *extra) as p:
                     result = await run_case(case, p.port, [p.proc.pid], clients)
