@@ -28,7 +28,7 @@ from proxy.exchange.deadline import Deadline
 from proxy.exchange.drain import drain
 from proxy.exchange.errors import Cause, Interrupted, Interrupter, Refusal, UpstreamFailure, first_byte_timeout, told
 from proxy.exchange.reply import carry_out, settle, settle_now
-from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
+from proxy.exchange.request_io import INFLATE_LIMIT, PARSE_LIMIT, read_body, upstream_headers, upstream_target
 from proxy.exchange.resume_io import Resuming, continuation_headers, count_tokens, open_continuation
 from proxy.exchange.state import ProxyState
 from proxy.exchange.stream import is_stream, relay_stream
@@ -195,7 +195,7 @@ def _read_request(
     """The body's facts and, with --resume-on-cut, a streamed chat or completions request's decisions
     (None: not one), from one parse at most; the parsed object is not kept."""
     inflate = min(cfg.max_body_size, INFLATE_LIMIT)
-    info, parsed = read_request(dialect, body, encoding, inflate, parse_limit=INFLATE_LIMIT)
+    info, parsed = read_request(dialect, body, encoding, inflate, parse_limit=PARSE_LIMIT)
     if not cfg.resume_on_cut or not info.stream or dialect.name not in RESUMABLE_APIS:
         return info, None
     # (not parsed: a compressed body, the continuation being plain JSON, or one too costly to parse)

@@ -274,6 +274,14 @@ def test_a_large_body_of_few_values_is_parsed() -> None:
 def test_a_compressed_body_costly_to_parse_is_not_parsed() -> None:
     body = _many_values(MAX_PARSED_VALUES)
     info, parsed = read_request(DIALECTS["chat_completions"], zlib.compress(body), "deflate", 8 * 1024 * 1024)
-    assert (info, parsed) == (RequestInfo(), None)
+    assert (info.model, info.stream, info.n, parsed) == ("m", True, 1, None)  # (its inflated copy scanned)
     info, parsed = read_request(DIALECTS["chat_completions"], zlib.compress(_many_values(10)), "deflate", 1 << 20)
     assert (info.n, parsed) == (3, None)  # (parsed, but only a plain body's object is handed back)
+
+
+def test_an_inflated_copy_past_the_parse_limit_is_scanned() -> None:
+    message = {"role": "user", "content": "x" * 300_000}
+    body = orjson.dumps({"model": "m", "n": 2, "stream": True, "messages": [message]})
+    info, parsed = read_request(DIALECTS["chat_completions"], zlib.compress(body), "deflate", 1 << 20,
+                                parse_limit=100_000)
+    assert (info.model, info.stream, info.n, parsed) == ("m", True, 1, None)

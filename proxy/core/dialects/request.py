@@ -125,8 +125,10 @@ def read_request(
         if inflated is None:
             return info, None
         body = inflated
+        if parse_limit is not None and len(body) > parse_limit:
+            return _scanned(body), None
     if not _cheap_to_parse(body):
-        return (_scanned(body) if plain else info), None
+        return _scanned(body), None
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
