@@ -7,14 +7,22 @@ large_client_header_buffers bound it) and the header timeout knows when the head
 
 from __future__ import annotations
 
-__all__ = ["HeadScanner", "HeadTooLarge", "framing_error", "head_end", "head_refusal", "request_line_refusal"]
+__all__ = [
+    "MAX_HEADERS", "HeadScanner", "HeadTooLarge", "framing_error", "head_end", "head_refusal", "request_line_refusal",
+]
 
 
-def head_end(data: bytes) -> int:
-    """Where the first head in `data` ends: the index after its empty line (CRLF CRLF, or a bare LF
-    LF, which llhttp accepts too), or -1. The bare form is looked for only before the CRLF one."""
-    crlf = data.find(b"\r\n\r\n")
-    lf = data.find(b"\n\n", 0, crlf + 4) if crlf >= 0 else data.find(b"\n\n")
+# Header fields in one request (its trailers included): 10,000 one-byte fields fit in a head of
+# --max-header-size and would all be forwarded. Apache (LimitRequestFields), HAProxy (tune.http.maxhdr)
+# and Envoy (max_headers_count) all allow 100; more is a 431.
+MAX_HEADERS = 100
+
+
+def head_end(data: bytes, start: int = 0) -> int:
+    """Where the first head in `data[start:]` ends: the index after its empty line (CRLF CRLF, or a
+    bare LF LF, which llhttp accepts too), or -1. The bare form is looked for only before the CRLF one."""
+    crlf = data.find(b"\r\n\r\n", start)
+    lf = data.find(b"\n\n", start, crlf + 4) if crlf >= 0 else data.find(b"\n\n", start)
     if lf >= 0 and (crlf < 0 or lf + 2 < crlf + 4):
         return lf + 2
     return crlf + 4 if crlf >= 0 else -1

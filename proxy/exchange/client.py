@@ -87,8 +87,10 @@ class ClientRequest:
         self.remote = remote
         self.keep_alive = keep_alive  # the client's framing allows another request after this one
         self.content = ClientBody(channel)
+        # (llhttp takes the value with trailing SP or TAB: so must the early 413 and the cutter)
         length = headers.get("Content-Length")
-        self.content_length = int(length) if length is not None and length.isdigit() else None
+        length = length.rstrip(" \t") if length is not None else None
+        self.content_length = int(length) if length is not None and length.isascii() and length.isdigit() else None
         self.departed = False
         self._on_departure: _Hook | None = None
 

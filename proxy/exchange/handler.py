@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from multidict import CIMultiDict
 
 from proxy.config import Config
-from proxy.core.dialects import Dialect, RequestInfo, for_request, inspect_request
+from proxy.core.dialects import Dialect, RequestInfo, for_request, read_request
 from proxy.core.guard import Failure, StreamGuard
 from proxy.core.lifecycle import Answer, Lifecycle, Reason, Reply
 from proxy.core.record import ExchangeRecord
@@ -28,7 +28,7 @@ from proxy.exchange.deadline import Deadline
 from proxy.exchange.drain import drain
 from proxy.exchange.errors import Cause, Interrupted, Interrupter, Refusal, UpstreamFailure, first_byte_timeout, told
 from proxy.exchange.reply import carry_out, settle, settle_now
-from proxy.exchange.request_io import INFLATE_LIMIT, read_body, upstream_headers, upstream_target
+from proxy.exchange.request_io import INFLATE_LIMIT, PARSE_LIMIT, read_body, upstream_headers, upstream_target
 from proxy.exchange.resume_io import Resuming, continuation_headers, count_tokens, open_continuation
 from proxy.exchange.state import ProxyState
 from proxy.exchange.stream import is_stream, relay_stream
@@ -130,13 +130,10 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     content = request.content
     flight.interrupter.watch(lambda cause: content.set_exception(Interrupted(cause)))
     body = await read_body(request, cfg, state.body_budget, ex)
-    info = flight.info = inspect_request(
-        dialect, body, request.headers.get("Content-Encoding"), min(cfg.max_body_size, INFLATE_LIMIT),
-        parse_limit=INFLATE_LIMIT,
-    )
+    info, resumer = _read_request(cfg, dialect, body, request.headers.get("Content-Encoding"))
+    flight.info = info
     ex.model, ex.stream = info.model, info.stream
     headers = upstream_headers(request, state, dialect, ex)
-    resumer = _resumer(cfg, dialect, info, body, request.headers.get("Content-Encoding"))
     data = body if body or request.method not in _NO_BODY_METHODS else None
     life.sent()
     try:
@@ -192,15 +189,17 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
     return await _tell(flight, answer, "")
 
 
-def _resumer(
-    cfg: Config, dialect: Dialect, info: RequestInfo, body: bytes | bytearray, encoding: str | None
-) -> Resumer | None:
-    """--resume-on-cut: the decisions of a streamed chat or completions request (None: not one)."""
+def _read_request(
+    cfg: Config, dialect: Dialect, body: bytes | bytearray, encoding: str | None
+) -> tuple[RequestInfo, Resumer | None]:
+    """The body's facts and, with --resume-on-cut, a streamed chat or completions request's decisions
+    (None: not one), from one parse at most; the parsed object is not kept."""
+    inflate = min(cfg.max_body_size, INFLATE_LIMIT)
+    info, parsed = read_request(dialect, body, encoding, inflate, parse_limit=PARSE_LIMIT)
     if not cfg.resume_on_cut or not info.stream or dialect.name not in RESUMABLE_APIS:
-        return None
-    if (encoding and encoding.strip().lower() != "identity") or len(body) > INFLATE_LIMIT:
-        body = b""  # refused: a compressed body (the continuation is plain JSON), or one too large to parse twice
-    return Resumer(dialect.name, body, cfg.resume_on_cut, cfg.max_body_size)
+        return info, None
+    # (not parsed: a compressed body, the continuation being plain JSON, or one too costly to parse)
+    return info, Resumer(dialect.name, body, cfg.resume_on_cut, cfg.max_body_size, request=parsed)
 
 
 def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str, headers: CIMultiDict[str]) -> Resuming:

@@ -23,13 +23,15 @@ from proxy.exchange.client import ClientRequest
 from proxy.exchange.errors import Refusal
 from proxy.exchange.state import ProxyState
 
-__all__ = ["INFLATE_LIMIT", "read_body", "upstream_headers", "upstream_target"]
+__all__ = ["INFLATE_LIMIT", "PARSE_LIMIT", "read_body", "upstream_headers", "upstream_target"]
 
 # A compressed body is inflated (a copy, for its model and stream flags) up to this size: inflating
-# blocks the event loop, and a small gzip can hold gigabytes. A larger one is forwarded unnoted. A
-# plain body past it is not parsed either (the parse would hold a second copy of it): its model and
-# stream flag are found by a scan of its ends.
+# blocks the event loop, and a small gzip can hold gigabytes. A larger one is forwarded unnoted.
 INFLATE_LIMIT = 8 * 1024 * 1024
+# A body (or an inflated copy) past this size is not parsed: its model and stream flag are found by
+# a scan of its ends. A parse holds a second copy of the body and costs the event loop per byte
+# (8 MB of one string: ~10-40 ms, while other clients wait); 1 MiB is nginx's client_max_body_size.
+PARSE_LIMIT = 1024 * 1024
 _OVERLOADED = "the proxy is holding too many request bodies; retry later"
 
 

@@ -23,7 +23,9 @@ per-connection rules are nginx's defaults:
   turn. A body llhttp rejects after its head (a bad chunk line) is answered 400 at once, not after
   `--client-body-timeout`.
 - a response that leaves the request body unread (a 413, say) closes the connection after reading
-  and discarding the rest for at most 5 s (nginx's lingering close), so the client sees the answer.
+  and discarding the rest for at most 5 s (nginx's lingering close), so the client sees the answer;
+  after a body llhttp rejected, nothing more can be framed: the close follows the 400 at once.
+- more than MAX_HEADERS (100) header fields in a request: 431 and close, as the size bound.
 
 Each refusal is a lifecycle's `refused` verdict (`proxy.exchange.reply.refuse_connection`): its
 status is written straight to the socket (no request is in progress on it, so no response can be
@@ -43,7 +45,7 @@ from urllib.parse import unquote
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.core.http_head import HeadScanner, HeadTooLarge, head_refusal, request_line_refusal
+from proxy.core.http_head import MAX_HEADERS, HeadScanner, HeadTooLarge, head_refusal, request_line_refusal
 from proxy.core.lifecycle import Reason
 from proxy.core.message_end import MessageEnd
 from proxy.exchange.client import ClientRequest
@@ -136,9 +138,9 @@ class ClientConnection(asyncio.Protocol):
     """One client connection (a `ClientChannel` for its exchanges)."""
 
     __slots__ = ("_blocks", "_complete", "_counted", "_current", "_cutter", "_drain_waiter", "_head",
-                 "_head_bytes", "_headers", "_loop", "_parser", "_parsing", "_peer", "_port", "_queue",
-                 "_reading", "_refusals", "_release_due", "_rules", "_task", "_timer", "_too_large",
-                 "_unparsed", "_url", "flow_hooks", "peak_parsed_ahead", "state", "transport",
+                 "_head_bytes", "_header_count", "_headers", "_held_at", "_loop", "_oversize", "_parser",
+                 "_parsing", "_peer", "_port", "_queue", "_reading", "_refusals", "_release_due", "_rules",
+                 "_task", "_timer", "_unparsed", "_url", "flow_hooks", "peak_parsed_ahead", "state", "transport",
                  "writing_paused")  # fmt: skip
 
     def __init__(self, port: MainPort) -> None:
@@ -146,8 +148,9 @@ class ClientConnection(asyncio.Protocol):
         self._rules = port.rules
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        # (None once the transport is lost: the parser holds this protocol's bound methods, a cycle
-        # that would leave the connection to the cyclic GC instead of refcounting)
+        # (None once the transport is lost, or once a request's body failed to parse: the parser holds
+        # this protocol's bound methods, a cycle that would leave the connection to the cyclic GC
+        # instead of refcounting)
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._head: HeadScanner | None = HeadScanner(port.rules.max_header_size)
         self.state = State.OPEN
@@ -171,9 +174,11 @@ class ClientConnection(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._reading = True
         self._head_bytes = 0
-        self._too_large = False  # the head llhttp is parsing passed the bound: its refusal is a 431
+        self._header_count = 0
+        self._oversize = ""  # why the head llhttp is parsing passed a bound (its 431), or ""
         self._cutter = MessageEnd()
-        self._unparsed = b""  # read but not fed to llhttp: held while reading is paused
+        self._unparsed = b""  # read but not fed to llhttp: held while reading is paused, from `_held_at`
+        self._held_at = 0
         self._blocks = 0
         self._release_due = False
         self._refusals: dict[ClientRequest, tuple[int, str]] = {}  # pipelined heads refused in their turn
@@ -209,7 +214,7 @@ class ClientConnection(asyncio.Protocol):
     @property
     def held_bytes(self) -> int:
         """Bytes read from the socket and held unparsed (at most one read's worth)."""
-        return len(self._unparsed)
+        return len(self._unparsed) - self._held_at
 
     # ---- the transport's callbacks ------------------------------------------------------------------
 
@@ -278,29 +283,29 @@ class ClientConnection(asyncio.Protocol):
             if complete:
                 self._head = None
                 self._disarm()
-        if self._unparsed:
-            self._unparsed += data  # (a read that came as reading paused: after what is held, in order)
+        if self._unparsed:  # (a read that came as reading paused: after what is held, in order)
+            self._unparsed, self._held_at = self._unparsed[self._held_at :] + data, 0
             return
         self._feed(data)
 
     # ---- feeding llhttp, one request at a time ----------------------------------------------------
 
-    def _feed(self, data: bytes) -> None:
-        """Feed what came, cut at each request's end; hold the rest once reading is paused."""
+    def _feed(self, data: bytes, at: int = 0) -> None:
+        """Feed `data[at:]`, cut at each request's end; hold the rest once reading is paused (by its
+        offset: a read of many pipelined requests is never copied once per request)."""
         view = memoryview(data)
-        whole = True  # (the cutter is given the bytes themselves while the view is all of them: no copy)
-        while view:
+        size = len(data)
+        while at < size:
             lingering = self.state is State.LINGERING
             if self._blocks and not lingering:
-                self._unparsed = bytes(view)
+                self._unparsed, self._held_at = data, at
                 return
-            size = len(view) if lingering else self._cutter.cut(data if whole else view)
-            whole = False
-            if not self._parse(view[:size]):
-                self._unparsed = b""
+            end = size if lingering else self._cutter.cut(data, at)
+            if not self._parse(view[at:end]):
+                self._unparsed, self._held_at = b"", 0
                 return
-            view = view[size:]
-        self._unparsed = b""
+            at = end
+        self._unparsed, self._held_at = b"", 0
 
     def _parse(self, piece: memoryview) -> bool:
         """One piece to llhttp; False when nothing more is to be parsed on this connection."""
@@ -323,9 +328,8 @@ class ClientConnection(asyncio.Protocol):
         if self.state is State.LINGERING:
             self.close_now()
         elif self._current is None and self._parsing is None:
-            if self._too_large:
-                limit = self._rules.max_header_size
-                self._refuse(Reason.BAD_REQUEST, f"the request line and headers exceed {limit} bytes", 431)
+            if self._oversize:
+                self._refuse(Reason.BAD_REQUEST, self._oversize, 431)
             else:
                 self._refuse(Reason.BAD_REQUEST, "the request is not valid HTTP/1.1")
         else:
@@ -333,6 +337,9 @@ class ClientConnection(asyncio.Protocol):
                 self._parsing.content.set_exception(Refusal(Reason.BAD_REQUEST, _BAD_BODY))
             self._to(State.CLOSING)  # garbage behind a request: it is answered, then the close
             self._block(_STOP)
+            # llhttp goes no further after an error: nothing after it can be framed, so the close
+            # follows the answer at once, unread bytes or not (nginx too), rather than a lingering read.
+            self._parser = None
 
     def _block(self, why: int) -> None:
         self._blocks |= why
@@ -351,9 +358,9 @@ class ClientConnection(asyncio.Protocol):
         self._release_due = False
         if self._blocks or self.state is State.CLOSED:
             return
-        held, self._unparsed = self._unparsed, b""
+        held, at, self._unparsed, self._held_at = self._unparsed, self._held_at, b"", 0
         if held:
-            self._feed(held)
+            self._feed(held, at)
         if not self._blocks and not self._reading and self.transport is not None:  # (None once CLOSED)
             self._reading = True
             self.transport.resume_reading()
@@ -363,7 +370,7 @@ class ClientConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = []
-        self._head_bytes = 0
+        self._head_bytes = self._header_count = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -371,13 +378,17 @@ class ClientConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._grow(len(name) + len(value) + 4)
+        self._header_count += 1
+        if self._header_count > MAX_HEADERS:  # (Apache's, HAProxy's and Envoy's default bound)
+            self._oversize = f"the request has more than {MAX_HEADERS} header fields"
+            raise HeadTooLarge
         self._headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
 
     def _grow(self, size: int) -> None:
         """The bound on a head, also for a pipelined one the scanner does not see."""
         self._head_bytes += size
         if self._head_bytes > self._rules.max_header_size:
-            self._too_large = True
+            self._oversize = f"the request line and headers exceed {self._rules.max_header_size} bytes"
             raise HeadTooLarge
 
     def on_headers_complete(self) -> None:
@@ -485,6 +496,9 @@ class ClientConnection(asyncio.Protocol):
             self._complete.remove(request)
         transport = self.transport
         if transport is None or self.state is State.CLOSED or transport.is_closing():
+            return
+        if not whole and self._parser is None:  # (the body broke: the parser failed on it)
+            transport.close()
             return
         if not whole:
             self._linger()  # the answer went out before the body was read: read it out, then close

@@ -46,7 +46,7 @@ async def test_bug_before_the_status_line_is_a_500_in_the_dialect_shape(
     make_proxy: ProxyFactory, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proxy = await make_proxy()
-    monkeypatch.setattr(handler, "inspect_request", _explode)
+    monkeypatch.setattr(handler, "read_request", _explode)
     async with http.post(f"{proxy.url}/v1/messages", json=CHAT) as resp:
         assert resp.status == 500
         body = await resp.json()

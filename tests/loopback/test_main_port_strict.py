@@ -15,10 +15,12 @@ import pytest
 from support import Proxy, ProxyFactory, until
 from support.hostile import WAIT
 
-from proxy.server.connections import MAX_PARSED_AHEAD, ClientConnection
+from proxy.core.http_head import MAX_HEADERS
+from proxy.server.connections import MAX_PARSED_AHEAD, ClientConnection, State
 
 GET = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
 CLOSE = b"Connection: close\r\n"
+CLOSE_GET = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
@@ -94,6 +96,33 @@ async def test_pipelined_bodies_and_chunks_are_parsed_in_their_turn(proxy: Proxy
     assert _connection(proxy).peak_parsed_ahead <= MAX_PARSED_AHEAD
 
 
+_ECHO = b"POST /_fake/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "chunked",
+    [
+        pytest.param(_ECHO + b"2;e=" + b"a" * 5000 + b"\r\n{}\r\n0\r\n\r\n", id="5k-extension"),
+        pytest.param(_ECHO + b"0" * 5000 + b"2\r\n{}\r\n0\r\n\r\n", id="5k-leading-zeros"),
+        pytest.param(_ECHO + b"2\r\n{}\r\n0\r\nT: " + b"a" * 5000 + b"\r\n\r\n", id="5k-trailer"),
+    ],
+)
+async def test_long_chunk_lines_do_not_let_pipelined_requests_be_parsed_at_once(proxy: Proxy, chunked: bytes) -> None:
+    """llhttp accepts these lines (nginx too); the cutter once gave up past 4,096 bytes and fed the whole
+    read, so every request behind it was parsed at once (one client: 682,000 queued, 729 MiB)."""
+    count = 300  # ~11 KB of pipelined heads in the same write
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        writer.write(chunked + GET * count)
+        await writer.drain()
+        async with asyncio.timeout(WAIT * 3):
+            statuses = [(await _read_response(reader))[0] for _ in range(count + 1)]
+    finally:
+        writer.close()
+    assert statuses == [200] * (count + 1)
+    assert _connection(proxy).peak_parsed_ahead <= MAX_PARSED_AHEAD
+
+
 # ---- item 5: a body llhttp rejects is answered at once ---------------------------------------------
 
 POST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -124,6 +153,55 @@ async def test_a_body_the_parser_rejects_is_answered_at_once(patient: Proxy, dat
     assert len(lines) == 1, lines
     (line,) = lines
     assert (line["status"], line["outcome"], line["reason"]) == (status, "error", "bad_request")
+
+
+async def test_after_a_body_the_parser_rejects_the_connection_closes_without_lingering(patient: Proxy) -> None:
+    """nginx closes at once; the proxy read and discarded for LINGERING_SECONDS (5 s), though nothing
+    after a rejected chunk line can be framed. The state says which: a lingering close is LINGERING."""
+    reader, writer = await asyncio.open_connection(patient.host, patient.port)
+    try:
+        writer.write(POST + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")
+        await writer.drain()
+        await until(lambda: bool(patient.server.main_server and patient.server.main_server.connections))
+        connection = _connection(patient)
+        async with asyncio.timeout(WAIT):
+            assert (await _read_response(reader))[0] == 400
+            await until(lambda: connection.state in (State.LINGERING, State.CLOSED))
+            assert connection.state is State.CLOSED
+            assert await reader.read() == b""
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("space", [b" ", b"\t", b" \t "])
+async def test_a_content_length_with_trailing_whitespace_keeps_the_early_413(proxy: Proxy, space: bytes) -> None:
+    """llhttp takes `Content-Length: N ` as N: so must the bound, before the 100 Continue (the proxy
+    answered 100 and read 64 MiB first; nginx answers 413 at once)."""
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        writer.write(POST + b"Expect: 100-continue\r\nContent-Length: 100000000" + space + b"\r\n\r\n")
+        await writer.drain()
+        async with asyncio.timeout(WAIT):
+            status, headers, _ = await _read_response(reader)
+    finally:
+        writer.close()
+    assert (status, headers["connection"]) == (413, "close")
+
+
+async def test_a_content_length_with_trailing_whitespace_frames_the_body(proxy: Proxy) -> None:
+    chat = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    sized = b"POST /_fake/echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d \r\n\r\n%s" % (len(chat), chat)
+    assert await _answers(proxy, (sized + GET) * 3 + CLOSE_GET, 7) == [200] * 7
+
+
+@pytest.mark.parametrize(("count", "status"), [(MAX_HEADERS, 200), (MAX_HEADERS + 1, 431), (10_000, 431)])
+async def test_header_fields_are_bounded_in_number(proxy: Proxy, count: int, status: int) -> None:
+    """10,000 `a:b` fields (50 KB, within --max-header-size) were all forwarded; nginx answers 400."""
+    fields = b"Host: x\r\nConnection: close\r\n" + b"a:b\r\n" * (count - 2)
+    assert await _answers(proxy, b"GET /v1/models HTTP/1.1\r\n" + fields + b"\r\n", 1) == [status]
+    if status == 431:
+        await until(lambda: bool(proxy.log_lines()))
+        assert [(line["status"], line["reason"]) for line in proxy.log_lines()] == [(431, "bad_request")]
 
 
 # ---- item 6: heads nginx refuses -------------------------------------------------------------------

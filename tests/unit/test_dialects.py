@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import orjson
 import pytest
 from anthropic._streaming import SSEDecoder as AnthropicDecoder
 from openai._streaming import SSEDecoder as OpenAIDecoder
 
-from proxy.core.dialects import DIALECTS, Dialect, Kind, RequestInfo, for_request, inspect_request
+from proxy.core.dialects import DIALECTS, Dialect, Kind, RequestInfo, for_request, inspect_request, read_request
+from proxy.core.dialects.request import MAX_PARSED_VALUES
 from proxy.core.sse import Event
 
 ALL = sorted(DIALECTS)
@@ -234,3 +236,52 @@ def test_a_body_past_the_parse_limit_is_scanned(body: bytes, model: str | None, 
     info = inspect_request(DIALECTS["embeddings"], body, parse_limit=100_000)
     assert (info.model, info.stream, info.n, info.prompts) == (model, stream, 1, 1)
     assert inspect_request(DIALECTS["embeddings"], bytearray(body), parse_limit=100_000) == info
+
+
+# ---- a body costly to parse: scanned like a large one, whatever its size ------------------------------
+
+
+def _many_values(count: int, fields: bytes = b'"model":"m","n":3,"stream":true') -> bytes:
+    return b"{" + fields + b',"x":[' + b"{}," * count + b"{}]}"
+
+
+def test_a_body_of_more_values_than_the_parse_bound_is_scanned_not_parsed() -> None:
+    """2.7 M empty objects in 8.1 MB cost ~25x the body's size while parsed (30 at once: 512 MiB) and
+    ~230 ms of the loop each; past MAX_PARSED_VALUES values a body is scanned at its ends instead."""
+    body = _many_values(MAX_PARSED_VALUES)
+    info, parsed = read_request(DIALECTS["chat_completions"], body)
+    assert parsed is None
+    assert (info.model, info.stream, info.n) == ("m", True, 1)  # (n is read only by a parse)
+    assert read_request(DIALECTS["chat_completions"], bytearray(body))[1] is None
+
+
+def test_a_body_within_the_parse_bound_is_parsed_once_and_handed_back() -> None:
+    body = _many_values(MAX_PARSED_VALUES // 2)
+    info, parsed = read_request(DIALECTS["chat_completions"], body)
+    assert parsed is not None
+    assert len(parsed["x"]) == MAX_PARSED_VALUES // 2 + 1
+    assert (info.model, info.stream, info.n) == ("m", True, 3)
+
+
+def test_a_large_body_of_few_values_is_parsed() -> None:
+    """Text is cheap to parse, however long: 4 MB of one string is one value."""
+    body = orjson.dumps({"model": "m", "n": 2, "messages": [{"role": "user", "content": "x" * 4_000_000}]})
+    info, parsed = read_request(DIALECTS["chat_completions"], body)
+    assert parsed is not None
+    assert info.n == 2
+
+
+def test_a_compressed_body_costly_to_parse_is_not_parsed() -> None:
+    body = _many_values(MAX_PARSED_VALUES)
+    info, parsed = read_request(DIALECTS["chat_completions"], zlib.compress(body), "deflate", 8 * 1024 * 1024)
+    assert (info.model, info.stream, info.n, parsed) == ("m", True, 1, None)  # (its inflated copy scanned)
+    info, parsed = read_request(DIALECTS["chat_completions"], zlib.compress(_many_values(10)), "deflate", 1 << 20)
+    assert (info.n, parsed) == (3, None)  # (parsed, but only a plain body's object is handed back)
+
+
+def test_an_inflated_copy_past_the_parse_limit_is_scanned() -> None:
+    message = {"role": "user", "content": "x" * 300_000}
+    body = orjson.dumps({"model": "m", "n": 2, "stream": True, "messages": [message]})
+    info, parsed = read_request(DIALECTS["chat_completions"], zlib.compress(body), "deflate", 1 << 20,
+                                parse_limit=100_000)
+    assert (info.model, info.stream, info.n, parsed) == ("m", True, 1, None)

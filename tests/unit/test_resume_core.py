@@ -659,3 +659,15 @@ def test_the_transcript_joins_its_parts_as_it_goes() -> None:
         tracemalloc.stop()
     assert held < 4 * 300_000, held  # (kept part by part: 6 MB)
     assert transcript.text == "".join(f"a{i % 10} " for i in range(100_000))
+
+
+def test_a_resumer_takes_the_handlers_parse_and_refuses_a_body_not_parsed() -> None:
+    """The request is parsed once (the handler's parse is handed over); a body the handler did not
+    parse (compressed, or costly to parse) is refused, not parsed here."""
+    body = orjson.dumps(CHAT_REQUEST)
+    assert Resumer("chat_completions", body, 1, request=orjson.loads(body)).possible
+    unparsed = Resumer("chat_completions", body, 1, request=None)
+    assert not unparsed.possible
+    assert unparsed.refusal is not None
+    assert "not parsed" in unparsed.refusal
+    assert not Resumer("chat_completions", body, 1, request=[1]).possible

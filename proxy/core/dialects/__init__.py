@@ -14,7 +14,7 @@ from proxy.core.dialects.chat import ChatStream
 from proxy.core.dialects.errors import ErrorInfo
 from proxy.core.dialects.messages import MessagesStream
 from proxy.core.dialects.other import OtherStream
-from proxy.core.dialects.request import RequestInfo, inspect_request
+from proxy.core.dialects.request import RequestInfo, inspect_request, read_request
 from proxy.core.dialects.responses import ResponsesStream
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Usage",
     "for_request",
     "inspect_request",
+    "read_request",
 ]
 
 _ALL = (

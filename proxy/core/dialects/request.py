@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
 from proxy.core.dialects.base import Dialect
 
-__all__ = ["RequestInfo", "inspect_request"]
+__all__ = ["MAX_PARSED_VALUES", "RequestInfo", "inspect_request", "read_request"]
 
 
 @dataclass(slots=True)
@@ -61,6 +62,29 @@ SCAN_BYTES = 64 * 1024
 _MODEL = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){0,1024})"')
 _STREAM = re.compile(rb'"stream"\s*:\s*(true|false)')
 
+# A parse costs per value, not per byte: 2.7 M empty objects in an 8 MB body are ~25 times its size as
+# Python objects and ~230 ms of the event loop's CPU. A body is parsed only when it holds at most
+# MAX_PARSED_VALUES values (counted from above by its `,`, `{` and `[`, those in strings too): at most
+# ~16 MiB and ~20 ms for the most costly values (objects with distinct keys), a few ms for text. Past
+# it the body is scanned like a large one. A body of SMALL_BODY bytes or fewer holds fewer values
+# than that, so it is not counted.
+MAX_PARSED_VALUES = 65_536
+SMALL_BODY = 3 * MAX_PARSED_VALUES
+_COUNT_BLOCK = 256 * 1024  # counted a block at a time: a costly body is known after its first blocks
+
+
+def _cheap_to_parse(body: bytes | bytearray) -> bool:
+    """At most MAX_PARSED_VALUES JSON values in `body` (an upper bound: one per separator or opener)."""
+    if len(body) <= SMALL_BODY:
+        return True
+    values = 0
+    for start in range(0, len(body), _COUNT_BLOCK):
+        end = start + _COUNT_BLOCK
+        values += body.count(b",", start, end) + body.count(b"{", start, end) + body.count(b"[", start, end)
+        if values > MAX_PARSED_VALUES:
+            return False
+    return True
+
 
 def _scanned(body: bytes | bytearray) -> RequestInfo:
     info = RequestInfo()
@@ -80,22 +104,37 @@ def inspect_request(
     dialect: Dialect, body: bytes | bytearray, encoding: str | None = None, limit: int = 0,
     *, parse_limit: int | None = None,
 ) -> RequestInfo:
-    """One parse at most; never raises. A body in `encoding` is inflated (at most `limit` bytes) first;
-    a plain one larger than `parse_limit` is scanned instead of parsed."""
+    """`read_request`'s facts, without the object."""
+    return read_request(dialect, body, encoding, limit, parse_limit=parse_limit)[0]
+
+
+def read_request(
+    dialect: Dialect, body: bytes | bytearray, encoding: str | None = None, limit: int = 0,
+    *, parse_limit: int | None = None,
+) -> tuple[RequestInfo, dict[str, Any] | None]:
+    """The request's facts, and its JSON object when a plain body was parsed (for --resume-on-cut's
+    rules: one parse per request); never raises. A body in `encoding` is inflated (at most `limit`
+    bytes) first; a plain one larger than `parse_limit`, or one costly to parse, is scanned instead."""
     info = RequestInfo()
-    if parse_limit is not None and len(body) > parse_limit and (encoding or "identity").strip().lower() == "identity":
-        return _scanned(body)
-    if encoding and encoding.strip().lower() != "identity":
+    plain = not encoding or encoding.strip().lower() == "identity"
+    if plain and parse_limit is not None and len(body) > parse_limit:
+        return _scanned(body), None
+    if not plain:
+        assert encoding is not None
         inflated = inflated_copy(body, encoding, limit)
         if inflated is None:
-            return info
+            return info, None
         body = inflated
+        if parse_limit is not None and len(body) > parse_limit:
+            return _scanned(body), None
+    if not _cheap_to_parse(body):
+        return _scanned(body), None
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return info
+        return info, None
     if not isinstance(obj, dict):
-        return info
+        return info, None
     model = obj.get("model")
     if isinstance(model, str):
         info.model = model
@@ -107,4 +146,4 @@ def inspect_request(
         info.prompts = _prompt_count(obj.get("prompt"))
     options = obj.get("stream_options")
     info.include_usage = isinstance(options, dict) and options.get("include_usage") is True
-    return info
+    return info, (obj if plain else None)

@@ -12,7 +12,7 @@ error or none, or broke or errored in turn; a break of the first stream for whic
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from proxy.core.dialects import DialectStream
 from proxy.core.dialects.chat import ChatStream
@@ -22,6 +22,7 @@ from proxy.core.resume.rules import (
     RESUMABLE_REASONS,
     RETRYABLE_STATUSES,
     Refusal,
+    checked_request,
     continuation_body,
     cut_refusal,
     parse_request,
@@ -32,6 +33,7 @@ from proxy.core.resume.transcript import Transcript
 __all__ = ["RESULTS", "Resumer"]
 
 RESULTS = ("resumed", "refused", "failed")
+_PARSE: Final = object()  # (Resumer's default: the body is parsed by the Resumer itself)
 _STATUSED = frozenset({"stray_http_block", "upstream_error_frame"})  # continued only when retryable
 
 
@@ -63,7 +65,11 @@ class Resumer:
     __slots__ = ("_api", "_body", "_booked", "_budgeted", "_counts", "_fields", "_max_size", "_model", "_next",
                  "_reason", "_running", "_stream", "estimated", "limit", "refusal", "resumes", "transcript")
 
-    def __init__(self, api: str, body: bytes | bytearray, limit: int, max_size: int | None = None) -> None:
+    def __init__(
+        self, api: str, body: bytes | bytearray, limit: int, max_size: int | None = None, *, request: object = _PARSE
+    ) -> None:
+        """`request` is the body's JSON object where the caller parsed it already (None: it was not
+        parsed), so that a request is parsed once; else the body is parsed here."""
         self._api = api
         self._max_size = max_size  # --max-body-size: no continuation is sent past it
         self._stream: ChatStream | None = None  # the stream that records into the transcript
@@ -75,9 +81,9 @@ class Resumer:
         self._running: str | None = None  # the break the streaming continuation mends (booked at its end)
         self.refusal: str | None = None  # why the last break was not continued
         self._reason: str | None = None  # the break being mended
-        # The client's bytes (held for the send anyway), parsed again only when a continuation is due:
-        # a body of many small objects is ~20 times its size as Python objects.
-        self._body = bytes(body)
+        # The client's bytes (held for the send anyway, not copied), parsed again only when a
+        # continuation is due: a body of many small objects is ~20 times its size as Python objects.
+        self._body = body
         self._fields: dict[str, Any] | None = None  # the few fields a break's refusal rules read
         self._counts = False  # the tokens so far are worth counting, not guessing (see `count_request`)
         self._budgeted = False  # and without a count there is no continuation (a budget it could pass)
@@ -86,7 +92,7 @@ class Resumer:
         self.estimated = False
         self._model: object = None
         try:
-            obj = parse_request(api, self._body)
+            obj = parse_request(api, body) if request is _PARSE else checked_request(api, request)
             self._fields, self._counts, self._model = _rule_fields(obj), _counts_matter(obj), obj.get("model")
             self._budgeted = _budgeted(obj)
         except Refusal as exc:

@@ -24,6 +24,7 @@ __all__ = [
     "RESUMABLE_REASONS",
     "RETRYABLE_STATUSES",
     "Refusal",
+    "checked_request",
     "continuation_body",
     "cut_refusal",
     "parse_request",
@@ -57,6 +58,16 @@ def parse_request(api: str, body: bytes | bytearray) -> dict[str, Any]:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise Refusal("the request body is not JSON") from None
+    return checked_request(api, obj)
+
+
+def checked_request(api: str, obj: object) -> dict[str, Any]:
+    """A request already parsed (None: its body was not, being compressed or costly to parse), or
+    Refusal, as `parse_request`."""
+    if api not in RESUMABLE_APIS:
+        raise Refusal(f"{api} streams are not resumed")
+    if obj is None:
+        raise Refusal("the request body was not parsed (compressed, or past the parse's bounds)")
     if type(obj) is not dict:
         raise Refusal("the request body is not a JSON object")
     request_refusal(api, obj)
@@ -146,7 +157,8 @@ def cut_refusal(obj: dict[str, Any], transcript: Transcript) -> None:
 
 
 def continuation_body(
-    api: str, obj: dict[str, Any], transcript: Transcript, raw: bytes | None = None, max_size: int | None = None
+    api: str, obj: dict[str, Any], transcript: Transcript, raw: bytes | bytearray | None = None,
+    max_size: int | None = None,
 ) -> bytes:
     """The client's request carrying the answer so far, with its token budgets lowered by it.
 
@@ -182,7 +194,7 @@ def continuation_body(
         body = orjson.dumps({**obj, **changed})
     else:
         body = splice(
-            raw, {key: orjson.dumps(value) for key, value in changed.items()},
+            raw if type(raw) is bytes else bytes(raw), {key: orjson.dumps(value) for key, value in changed.items()},
             append_message=None if appended is None else orjson.dumps(appended),
             last_content=None if content is None else orjson.dumps(content),
         )
