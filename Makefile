@@ -15,7 +15,7 @@ CONSTRAINTS := constraints.txt
 IMAGE ?= streamwarden
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' proxy/__init__.py)
 
-.PHONY: install compiled test-compiled test test-real llama-server vllm tested-against lint run demo bench lock image docs clean
+.PHONY: install compiled test-compiled wheel test test-real llama-server vllm tested-against lint run demo bench lock image docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@sh scripts/ensure-venv.sh $(PYTHON) $(VENV)
@@ -62,6 +62,17 @@ compiled: $(COMPILED_STAMP)
 test-compiled: compiled
 	$(BIN)/pytest -n 2 --dist loadfile tests/unit tests/loopback $(PYTEST_ARGS); status=$$?; \
 	  $(BIN)/python scripts/mypyc_build.py --clean; exit $$status
+
+# The two wheels into dist/ (WHEEL_DIR): the pure one (py3-none-any) and the mypyc-compiled one for this
+# Python and platform, the same modules as `make compiled` (scripts/hatch_build.py, the hook switched on by
+# HATCH_BUILD_HOOK_ENABLE_CUSTOM). Each in pip's isolated build environment, its tools and the dependencies
+# the compiler type-checks against at the constraints' versions. Other Pythons, platforms: docs/reference.md.
+WHEEL_DIR ?= dist
+wheel: $(STAMP)
+	$(BIN)/python -m pip wheel --quiet --no-deps --build-constraint $(CONSTRAINTS) --wheel-dir $(WHEEL_DIR) .
+	HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 \
+	  $(BIN)/python -m pip wheel --quiet --no-deps --build-constraint $(CONSTRAINTS) --wheel-dir $(WHEEL_DIR) .
+	@ls -l $(WHEEL_DIR)/streamwarden-$(VERSION)-*.whl
 
 # The real tier: llama.cpp's llama-server (built once into ~/.cache/streamwarden, 7-10 min on 2 cores).
 llama-server:
