@@ -50,7 +50,10 @@ endif
 
 # The mypyc-compiled build (scripts/mypyc_build.py): the proxy's modules compiled in place, each .so beside
 # its source, shadowing it; mypy and setuptools from the `compiled` extra. `make test-compiled` runs the
-# unit and loopback tiers against it, then removes the .so files: the tree is pure again, pass or fail.
+# unit, loopback and process tiers against it (the process tier's subprocesses run the venv's editable
+# streamwarden, so they import the .so files too), then removes the .so files: the tree is pure again, pass
+# or fail. Left out: the two install tests, which install the checkout into fresh venvs whatever is built
+# in place (the compiled wheel's test is one of them), so `make test` has run them already.
 COMPILED_STAMP := $(VENV)/.compiled-stamp
 $(COMPILED_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[compiled]'
@@ -60,7 +63,9 @@ compiled: $(COMPILED_STAMP)
 	$(BIN)/python scripts/mypyc_build.py
 
 test-compiled: compiled
-	$(BIN)/pytest -n 2 --dist loadfile tests/unit tests/loopback $(PYTEST_ARGS); status=$$?; \
+	$(BIN)/pytest -n 2 --dist loadfile tests/unit tests/loopback tests/process \
+	  --ignore=tests/process/test_plain_install.py --ignore=tests/process/test_compiled_wheel.py \
+	  $(PYTEST_ARGS); status=$$?; \
 	  $(BIN)/python scripts/mypyc_build.py --clean; exit $$status
 
 # The two wheels into dist/ (WHEEL_DIR): the pure one (py3-none-any) and the mypyc-compiled one for this
