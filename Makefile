@@ -15,7 +15,7 @@ CONSTRAINTS := constraints.txt
 IMAGE ?= streamwarden
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' proxy/__init__.py)
 
-.PHONY: install compiled test-compiled test test-real llama-server vllm tested-against lint run demo bench lock image docs clean
+.PHONY: install compiled test-compiled wheel test test-real llama-server vllm tested-against lint run demo bench lock image docs clean
 .PHONY: test-container
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
@@ -51,7 +51,10 @@ endif
 
 # The mypyc-compiled build (scripts/mypyc_build.py): the proxy's modules compiled in place, each .so beside
 # its source, shadowing it; mypy and setuptools from the `compiled` extra. `make test-compiled` runs the
-# unit and loopback tiers against it, then removes the .so files: the tree is pure again, pass or fail.
+# unit, loopback and process tiers against it (the process tier's subprocesses run the venv's editable
+# streamwarden, so they import the .so files too), then removes the .so files: the tree is pure again, pass
+# or fail. Left out: the two install tests, which install the checkout into fresh venvs whatever is built
+# in place (the compiled wheel's test is one of them), so `make test` has run them already.
 COMPILED_STAMP := $(VENV)/.compiled-stamp
 $(COMPILED_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[compiled]'
@@ -61,8 +64,21 @@ compiled: $(COMPILED_STAMP)
 	$(BIN)/python scripts/mypyc_build.py
 
 test-compiled: compiled
-	$(BIN)/pytest -n 2 --dist loadfile tests/unit tests/loopback $(PYTEST_ARGS); status=$$?; \
+	$(BIN)/pytest -n 2 --dist loadfile tests/unit tests/loopback tests/process \
+	  --ignore=tests/process/test_plain_install.py --ignore=tests/process/test_compiled_wheel.py \
+	  $(PYTEST_ARGS); status=$$?; \
 	  $(BIN)/python scripts/mypyc_build.py --clean; exit $$status
+
+# The two wheels into dist/ (WHEEL_DIR): the pure one (py3-none-any) and the mypyc-compiled one for this
+# Python and platform, the same modules as `make compiled` (scripts/hatch_build.py, the hook switched on by
+# HATCH_BUILD_HOOK_ENABLE_CUSTOM). Each in pip's isolated build environment, its tools and the dependencies
+# the compiler type-checks against at the constraints' versions. Other Pythons, platforms: docs/reference.md.
+WHEEL_DIR ?= dist
+wheel: $(STAMP)
+	$(BIN)/python -m pip wheel --quiet --no-deps --build-constraint $(CONSTRAINTS) --wheel-dir $(WHEEL_DIR) .
+	HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 \
+	  $(BIN)/python -m pip wheel --quiet --no-deps --build-constraint $(CONSTRAINTS) --wheel-dir $(WHEEL_DIR) .
+	@ls -l $(WHEEL_DIR)/streamwarden-$(VERSION)-*.whl
 
 # The real tier: llama.cpp's llama-server (built once into ~/.cache/streamwarden, 7-10 min on 2 cores).
 llama-server:

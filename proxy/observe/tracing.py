@@ -28,6 +28,7 @@ from typing import Any
 
 from proxy import __version__
 from proxy.config import otel_installed
+from proxy.core.compile_attrs import mypyc_attr
 from proxy.core.record import ExchangeRecord
 from proxy.observe.logs import MAX_LOGGED_STRING, clean_text
 
@@ -64,10 +65,14 @@ def _wall_ns(monotonic: float) -> int:
     return time.time_ns() - int((time.monotonic() - monotonic) * 1e9)
 
 
+@mypyc_attr(native_class=False)
 class SdkLogBridge(logging.Handler):
     """The SDK's `logging` records ("Queue full, dropping Span.", a failed export) as structured lines.
 
     Without it they reach stderr through logging's last-resort handler, as raw text in a JSON log.
+    A plain Python class in the compiled build too: logging keeps weak references to its handlers, and a
+    native (compiled) subclass of the interpreted `logging.Handler` did not clear them when freed, so the
+    next look at one crashed the process (the GC, or logging's shutdown at exit).
     """
 
     def __init__(self, logger: Any) -> None:

@@ -696,6 +696,11 @@ def test_dockerfile_builds_reproducibly_from_a_pinned_base_and_the_constraints()
     installs = re.findall(r"pip install [^&]*", builder)
     assert installs, "the builder installs nothing"
     assert all("-c constraints.txt" in command for command in installs), installs
+    # The wheels' build tools (hatchling, and mypy and setuptools for the compiled one) at the pins too.
+    wheels = re.findall(r"pip wheel [^&]*", builder)
+    assert len(wheels) == 2, wheels  # the pure wheel, then the compiled one
+    assert all("--build-constraint constraints.txt" in command for command in wheels), wheels
+    assert re.search(r"HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 \S*pip wheel", builder), "the compiled wheel's hook is off"
     assert "-c $(CONSTRAINTS)" in (ROOT / "Makefile").read_text()
     assert (ROOT / "constraints.txt").is_file()
     # What only installing needs stays in the builder.

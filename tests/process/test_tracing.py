@@ -451,3 +451,16 @@ async def test_workers_flush_within_their_drain_and_are_not_killed(aiohttp_serve
         hang.set()
         proc.stop()
     assert proc.lines("worker_killed") == []
+
+
+def test_the_sdk_log_bridge_clears_its_weak_references() -> None:
+    """logging keeps a weak reference to every handler. Compiled as a native class, the bridge (a subclass
+    of the interpreted `logging.Handler`) left them pointing at freed memory: the process crashed
+    (segmentation fault) in the collector or at exit. In a process of its own, which a crash kills."""
+    script = (
+        "import gc, weakref; from proxy.observe.tracing import SdkLogBridge\n"
+        "bridge = SdkLogBridge(None); ref = weakref.ref(bridge)\n"
+        "del bridge; gc.collect(); print(ref() is None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd="/")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "True\n", "")
