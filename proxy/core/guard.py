@@ -196,6 +196,12 @@ class StreamGuard:
         return None if pending is None else pending.headers.get("Retry-After")
 
     @property
+    def broke_with(self) -> Reason | None:
+        """Why the stream broke, while a continuation is tried (after a step with `resume`)."""
+        pending = self._pending
+        return None if pending is None else pending.reason
+
+    @property
     def keepalive_safe(self) -> bool:
         """Whether a `: keep-alive` comment can be sent now.
 

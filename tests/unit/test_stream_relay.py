@@ -81,19 +81,22 @@ def test_the_hold_window_keeps_the_200_until_it_ends() -> None:
     run(test)
 
 
-def test_content_in_the_commit_window_goes_out_in_order_after_the_200() -> None:
+def test_the_first_content_sends_the_200_from_its_own_callback() -> None:
     async def test(loop: ClockLoop) -> None:
         x = Exchange(hold=5.0)
         r = await _start(x)
-        x.sink.body(chat_chunk("A"))  # the first content commits: the 200 is due
-        assert not x.link.reading  # nothing more until it is out
+        x.sink.body(ROLE + chat_chunk("A"))  # the first content commits: the 200 goes out now, no task wakes
         assert x.life.committed
-        await turns()
+        assert x.sent.startswith(b"HTTP/1.1 200 ")
+        transport = x.channel.transport
+        assert transport is not None
+        assert len(transport.written) == 1  # the head and the held events in one write
+        assert body_of(x.sent) == ROLE + chat_chunk("A")
         assert x.link.reading
         x.sink.body(chat_chunk("B") + DONE)
         x.sink.end()
         await r.finished()
-        assert body_of(x.sent) == chat_chunk("A") + chat_chunk("B") + DONE
+        assert body_of(x.sent) == ROLE + chat_chunk("A") + chat_chunk("B") + DONE
 
     run(test)
 
