@@ -134,7 +134,10 @@ class StreamRelay:
         state = self._state
         if state is FLOWING or state is HOLDING:
             self._last_heard = self._loop.time()
-            self._run(self._guard.feed, data)
+            try:  # (the read's own road, not `_run`'s: a call through `*args` costs more than the read)
+                self._carry(self._guard.feed(data))
+            except Exception as exc:
+                self._bug(exc)
 
     def end(self) -> None:
         if self._reading():
@@ -219,11 +222,15 @@ class StreamRelay:
     def _run(self, call: Callable[_P, Step], *args: _P.args, **kwargs: _P.kwargs) -> None:
         try:
             self._carry(call(*args, **kwargs))
-        except Exception as exc:  # a bug of ours: raised in the handler, which answers it (a 500 or a frame)
-            waiter = self._waiter
-            if not waiter.done():
-                waiter.set_exception(exc)
-                self._to(ENDED)
+        except Exception as exc:
+            self._bug(exc)
+
+    def _bug(self, exc: Exception) -> None:
+        """A bug of ours: raised in the handler's `wait`, which answers it (a 500 or an error frame)."""
+        waiter = self._waiter
+        if not waiter.done():
+            waiter.set_exception(exc)
+            self._to(ENDED)
 
     def _carry(self, step: Step) -> None:
         if step.content_events:
