@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from support.hostile import free_ports
+from support.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_TIMEOUT = 600
