@@ -9,6 +9,7 @@ import gc
 import pytest
 from support.fake_io import ClockLoop, connected, run, turns
 
+from proxy.exchange.errors import Cause, Interrupted
 from proxy.server.connections import LINGERING_SECONDS, ClientConnection, ConnectionRules, State
 
 RULES = ConnectionRules(header_timeout=60.0, max_header_size=8192, max_connections=2, keepalive_timeout=75.0)
@@ -289,5 +290,25 @@ def test_a_lost_connection_is_freed_by_refcounting_not_left_to_the_cyclic_gc() -
             assert _alive(ClientConnection) == before - 1  # freed at once, with the collector off
         finally:
             gc.enable()
+
+    run(test)
+
+
+def test_a_departure_reaches_a_body_read_as_the_exchanges_event_not_a_reset() -> None:
+    """One road for a departure: the exchange hears it (its Interrupter sets `Interrupted` on the body
+    it reads), and the connection's own reset does not overtake it."""
+
+    async def test(loop: ClockLoop) -> None:
+        handler, connection, _, _ = connected(RULES)
+        connection.data_received(POST + b"abc")  # 3 of the 10 bytes of its body
+        await turns()
+        (request,) = handler.requests
+        request.on_departure(lambda: request.content.set_exception(Interrupted(Cause.CLIENT_GONE)))
+        connection.connection_lost(None)
+        await asyncio.wait_for(request.content.wait(), 5)
+        with pytest.raises(Interrupted):
+            request.content.take()
+        handler.answer(0)
+        await turns()
 
     run(test)
