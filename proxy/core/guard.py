@@ -20,6 +20,7 @@ from proxy.core.dialects import Dialect, DialectStream, Kind, Usage
 from proxy.core.dialects.errors import ErrorCode, describe_error, error_message
 from proxy.core.lifecycle import Outcome, Reason, status_for
 from proxy.core.sse import Event, EventTooLarge, SSEReader, StatusBlock
+from proxy.core.verdicts import Rewrite
 
 __all__ = ["MAX_HELD", "Failure", "GuardState", "MayResume", "Step", "StreamGuard"]
 
@@ -34,6 +35,8 @@ _FAILURES = {
     Reason.SHUTDOWN: "the proxy is shutting down",
     Reason.PROXY_ERROR: "the proxy failed while relaying the stream",  # a bug of ours; not a rewrite reason
 }
+_REWRITES = {Reason.STREAM_CUT: Rewrite.STREAM_CUT, Reason.STALL_TIMEOUT: Rewrite.STALL_TIMEOUT,
+             Reason.SHUTDOWN: Rewrite.SHUTDOWN}  # fmt: skip
 _EARLY_DONE = "the upstream ended the stream while a choice had no finish_reason (generation cut short)"
 # End-to-end headers of a stray status block worth keeping on a real status: the SDKs' retry hints.
 _RETRY_HEADERS = {"retry-after": "Retry-After", "retry-after-ms": "retry-after-ms", "x-should-retry": "x-should-retry"}
@@ -104,7 +107,7 @@ class _Pending:
     status: int
     message: str
     reason: Reason
-    rewrite: str | None
+    rewrite: Rewrite | None
     code: ErrorCode | None
     headers: dict[str, str]
     raw: bytes | None  # an upstream error frame in the dialect's own shape, forwarded as it came
@@ -183,7 +186,7 @@ class StreamGuard:
         self._held_events = 0
         self.events = 0  # upstream events forwarded, comments and dropped events not included
         self.content_events = 0
-        self.rewrites: list[str] = []
+        self.rewrites: list[Rewrite] = []
         self.saw_id = False  # an upstream `id:` line was forwarded (see `keepalive_safe`)
         self.upstream_message: str | None = None  # the upstream's own error message, for the log line
         self._may_resume = may_resume  # asked before a committed stream ends with an error
@@ -263,8 +266,7 @@ class StreamGuard:
         step, out = self._begin()
         known = reason if reason in _FAILURES else Reason.STREAM_CUT
         message = _FAILURES[known]
-        rewrite = None if reason is Reason.PROXY_ERROR else str(reason)
-        return self._error(step, out, status_for(known), message, reason, rewrite)
+        return self._error(step, out, status_for(known), message, reason, _REWRITES.get(known))
 
     def commit(self) -> Step:
         """The hold window expired: commit now and flush what was held."""
@@ -310,8 +312,8 @@ class StreamGuard:
     def status_instead(self) -> None:
         """The ending goes out as a real status, not a frame: nothing this guard released is sent
         (the lifecycle's STATUS; counted as `late_commit_status`)."""
-        if "late_commit_status" not in self.rewrites:
-            self.rewrites.append("late_commit_status")
+        if Rewrite.LATE_COMMIT_STATUS not in self.rewrites:
+            self.rewrites.append(Rewrite.LATE_COMMIT_STATUS)
         self._held = []
         self._held_bytes = 0
         self._held_events = 0
@@ -323,7 +325,7 @@ class StreamGuard:
 
     def _resumes(self, step: Step, out: list[bytes], pending: _Pending) -> Step | None:
         """The one place a committed stream's failure may become a continuation instead of an end."""
-        if self._may_resume is None or not self.content_events or pending.rewrite == "oversized_event":
+        if self._may_resume is None or not self.content_events or pending.rewrite is Rewrite.OVERSIZED_EVENT:
             return None  # (content commits: a stream with content is always committed)
         if self._pending is not None:  # asked already: a second failure meanwhile ends the stream
             return None
@@ -422,7 +424,7 @@ class StreamGuard:
             if ended is not None:
                 return ended
             message = f"an upstream event exceeded the proxy's limit of {self._max} bytes"
-            return self._error(step, out, 502, message, Reason.STREAM_CUT, "oversized_event")
+            return self._error(step, out, 502, message, Reason.STREAM_CUT, Rewrite.OVERSIZED_EVENT)
         return self._consume(step, out, items) or self._flush(step, out)
 
     def _begin(self) -> tuple[Step, list[bytes]]:
@@ -486,7 +488,7 @@ class StreamGuard:
                 self._count()
                 return self._finish_ok(step, out)
             elif kind is Kind.MALFORMED:
-                self.rewrites.append("malformed_event")
+                self.rewrites.append(Rewrite.MALFORMED_EVENT)
             elif kind is Kind.END:
                 return self._end(step, out)
             elif kind is Kind.ERROR:
@@ -496,14 +498,15 @@ class StreamGuard:
                 assert info is not None
                 reason = Reason.UPSTREAM_ERROR_FRAME
                 self.upstream_message = info.message
-                return self._error(step, out, info.status, info.message, reason, "foreign_error_frame", info.code)
+                return self._error(step, out, info.status, info.message, reason, Rewrite.FOREIGN_ERROR_FRAME, info.code)
             elif kind is Kind.ABORTED:
                 # The abort chunk itself is dropped (its finish_reason is not one the SDKs know).
                 info = stream.error
                 assert info is not None
-                return self._error(step, out, info.status, info.message, Reason.UPSTREAM_ABORTED, "upstream_aborted")
+                aborted = Reason.UPSTREAM_ABORTED
+                return self._error(step, out, info.status, info.message, aborted, Rewrite.UPSTREAM_ABORTED)
             else:  # Kind.EARLY_DONE
-                return self._error(step, out, 502, _EARLY_DONE, Reason.STREAM_CUT, "stream_cut")
+                return self._error(step, out, 502, _EARLY_DONE, Reason.STREAM_CUT, Rewrite.STREAM_CUT)
         return None
 
     def _flush(self, step: Step, out: list[bytes]) -> Step:
@@ -536,11 +539,11 @@ class StreamGuard:
         stream = self._stream
         if not stream.finished:
             message = _FAILURES[Reason.STREAM_CUT]
-            return self._error(step, out, status_for(Reason.STREAM_CUT), message, Reason.STREAM_CUT, "stream_cut")
+            return self._error(step, out, status_for(Reason.STREAM_CUT), message, Reason.STREAM_CUT, Rewrite.STREAM_CUT)
         terminal = stream.terminal_frame()
         if terminal is not None:
             out.append(terminal)
-            self.rewrites.append("missing_terminal")
+            self.rewrites.append(Rewrite.MISSING_TERMINAL)
         return self._finish_ok(step, out)
 
     def _error(
@@ -550,7 +553,7 @@ class StreamGuard:
         status: int,
         message: str,
         reason: Reason,
-        rewrite: str | None,
+        rewrite: Rewrite | None,
         code: ErrorCode | None = None,
         headers: dict[str, str] | None = None,
         *,
@@ -610,4 +613,4 @@ class StreamGuard:
             message = block.reason or f"the upstream wrote an HTTP {block.status} response into the stream"
         headers = _retry_headers(block.headers)
         self.upstream_message = message
-        return self._error(step, out, status, message, Reason.STRAY_HTTP_BLOCK, "stray_http_block", code, headers)
+        return self._error(step, out, status, message, Reason.STRAY_HTTP_BLOCK, Rewrite.STRAY_HTTP_BLOCK, code, headers)

@@ -24,6 +24,7 @@ from proxy import __version__
 from proxy.core.compile_attrs import mypyc_attr
 from proxy.core.latency import ITL_BUCKETS
 from proxy.core.lifecycle import Cancellation
+from proxy.core.verdicts import Rewrite
 from proxy.observe.gaps import GapHistogram
 from proxy.observe.request_counts import (
     TTFT_BUCKETS,
@@ -48,10 +49,7 @@ CANCELLATION_REASONS = tuple(str(reason) for reason in Cancellation)
 CANCEL_HOOK_FAILURE_REASONS = (
     "timeout", "connect_failed", "http_status", "invalid_body", "invalid_id", "dropped", "cut", "error",
 )
-REWRITE_REASONS = (
-    "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
-    "malformed_event", "oversized_event", "late_commit_status", "upstream_aborted",
-)
+REWRITE_REASONS = tuple(str(rewrite) for rewrite in Rewrite)
 
 # --resume-on-cut: the streams it continues, the breaks it counts, what came of each.
 RESUME_APIS = ("chat_completions", "completions")
