@@ -97,7 +97,7 @@ class Step:
 
 
 # (reason, status) -> whether to try a continuation instead of ending (proxy/core/resume/resumer.py)
-MayResume = Callable[[str, int], bool]
+MayResume = Callable[[Reason, int], bool]
 
 
 @dataclass(frozen=True, slots=True)
