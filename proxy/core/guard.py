@@ -203,6 +203,10 @@ class StreamGuard:
         return self._dialect
 
     @property
+    def state(self) -> GuardState:
+        return self._state
+
+    @property
     def done(self) -> bool:
         return self._state is DONE
 
