@@ -11,8 +11,11 @@ import pytest
 from multidict import CIMultiDict
 from support.fake_io import ClockLoop, Exchange, FakeLink, advance, chat_chunk, run, turns
 
+from proxy.core.dialects import Dialect, Kind
+from proxy.core.dialects.chat import ChatStream
 from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Cancellation, Reason, Reply
+from proxy.core.sse import Event
 from proxy.exchange.errors import Cause, Interrupter, UpstreamFailure
 from proxy.exchange.stream import (
     _NEXT,
@@ -373,13 +376,20 @@ def test_a_transition(move: tuple[RelayState, RelayState]) -> None:
     run(test)
 
 
+class _Bug(ChatStream):
+    def classify(self, event: Event) -> Kind:
+        raise RuntimeError("a bug of ours")
+
+
 def test_a_bug_of_ours_is_raised_in_the_handler_and_ends_the_relay() -> None:
     async def test(loop: ClockLoop) -> None:
         x = Exchange(hold=5.0)
+        x.guard = StreamGuard(Dialect("chat_completions", json_body=True, anthropic=False, stream_factory=_Bug),
+                              hold=True)  # fmt: skip
         relay = _relay(x)
-        relay.body(None)  # type: ignore[arg-type]  # (the guard fails on it)
+        relay.body(ROLE)  # (the dialect fails on it)
         assert relay.state is ENDED
-        with pytest.raises(TypeError):
+        with pytest.raises(RuntimeError, match="a bug of ours"):
             await asyncio.wait_for(relay.wait(), 5)
         relay.stop()
 
