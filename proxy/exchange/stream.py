@@ -194,6 +194,9 @@ class StreamRelay:
         """The exchange is over: no timer stays armed, no callback reaches the client."""
         self._to(ENDED)
         self._out = None  # (no cycle keeps the exchange's objects alive once it is over)
+        waiter = self._waiter
+        if waiter.done() and not waiter.cancelled():
+            waiter.exception()  # (retrieved: a bug set while the handler ended for another cause)
 
     # ---- the state --------------------------------------------------------------------------------
 
