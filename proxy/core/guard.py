@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Final
 
 import orjson
 
@@ -18,8 +20,9 @@ from proxy.core.dialects import Dialect, DialectStream, Kind, Usage
 from proxy.core.dialects.errors import ErrorCode, describe_error, error_message
 from proxy.core.lifecycle import Outcome, Reason, status_for
 from proxy.core.sse import Event, EventTooLarge, SSEReader, StatusBlock
+from proxy.core.verdicts import Rewrite
 
-__all__ = ["MAX_HELD", "Failure", "MayResume", "Step", "StreamGuard"]
+__all__ = ["MAX_HELD", "Failure", "GuardState", "MayResume", "Step", "StreamGuard"]
 
 MAX_HELD = 1024 * 1024  # bytes held before the first content; the hold window ends early past it
 _PIECES = 16  # events of one read fed to the reader one at a time (to reach repeats after them)
@@ -32,12 +35,35 @@ _FAILURES = {
     Reason.SHUTDOWN: "the proxy is shutting down",
     Reason.PROXY_ERROR: "the proxy failed while relaying the stream",  # a bug of ours; not a rewrite reason
 }
-# The kinds `_consume` tells apart first, once or more per parsed event, as plain names (one lookup, not
-# two: proxy/server/speedups.py says why it counts).
-_CONTENT, _PASS, _COMMENT, _TERMINAL = Kind.CONTENT, Kind.PASS, Kind.COMMENT, Kind.TERMINAL
+_REWRITES = {Reason.STREAM_CUT: Rewrite.STREAM_CUT, Reason.STALL_TIMEOUT: Rewrite.STALL_TIMEOUT,
+             Reason.SHUTDOWN: Rewrite.SHUTDOWN}  # fmt: skip
 _EARLY_DONE = "the upstream ended the stream while a choice had no finish_reason (generation cut short)"
 # End-to-end headers of a stray status block worth keeping on a real status: the SDKs' retry hints.
 _RETRY_HEADERS = {"retry-after": "Retry-After", "retry-after-ms": "retry-after-ms", "x-should-retry": "x-should-retry"}
+
+
+class GuardState(IntEnum):
+    """Where the guard stands; every move is made by `StreamGuard._to`.
+
+    HOLDING: the first events are held with the status line (the hold window). PARSING: released,
+    every read through the reader. REPEATING: released, the reader idle, no continuation stitched and
+    the dialect able to tell its repeats without a parse: the quick path, one `repeats` per read.
+    BROKEN (--resume-on-cut): the stream broke and a continuation is tried (`resume`, `give_up`).
+    DONE (final): after a step with `done`, every call returns an empty Step.
+    """
+
+    HOLDING = 0
+    PARSING = 1
+    REPEATING = 2
+    BROKEN = 3
+    DONE = 4
+
+
+HOLDING: Final = GuardState.HOLDING
+PARSING: Final = GuardState.PARSING
+REPEATING: Final = GuardState.REPEATING
+BROKEN: Final = GuardState.BROKEN
+DONE: Final = GuardState.DONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +97,7 @@ class Step:
 
 
 # (reason, status) -> whether to try a continuation instead of ending (proxy/core/resume/resumer.py)
-MayResume = Callable[[str, int], bool]
+MayResume = Callable[[Reason, int], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +107,7 @@ class _Pending:
     status: int
     message: str
     reason: Reason
-    rewrite: str | None
+    rewrite: Rewrite | None
     code: ErrorCode | None
     headers: dict[str, str]
     raw: bytes | None  # an upstream error frame in the dialect's own shape, forwarded as it came
@@ -116,8 +142,6 @@ class StreamGuard:
 
     __slots__ = (
         "_dialect",
-        "_done",
-        "_flowing",
         "_held",
         "_held_bytes",
         "_held_events",
@@ -127,6 +151,7 @@ class StreamGuard:
         "_may_resume",
         "_pending",
         "_reader",
+        "_state",
         "_stitch",
         "_stream",
         "content_events",
@@ -149,23 +174,19 @@ class StreamGuard:
         self._dialect = dialect
         self._stream = dialect.new_stream()
         self._reader = SSEReader(max_event_size)
-        # `feed`'s quick path was open at the last read and nothing closed it since: the hold is over,
-        # no continuation is tried or stitched, the dialect may repeat, the reader was idle and not
-        # fed since (only the reader, through `_feed`, can make the dialect stop repeating).
-        self._flowing = False
+        self._state = HOLDING  # (released at once when not holding: `_begin` commits at the first call)
+        # The guard asked for the status line (a step's `commit`), as the exchange's record keeps it once
+        # the stream is over. Not whether the client has the status line: that is `Lifecycle.committed`.
+        self.released = False
         self._max = max_event_size
         self._hold = hold  # False: commit at the first call (the I/O layer may commit() right away)
         self._held: list[bytes] = []  # events before the commit, sent together with it
         self._held_bytes = 0
         self._max_held = max_held  # past it the hold ends early: committing is always safe
         self._held_events = 0
-        self._done = False
-        # The hold is over: the guard asked for the status line (a step's `commit`) and releases events
-        # as they come. Not whether the client has the status line: that is `Lifecycle.committed`.
-        self.released = False
         self.events = 0  # upstream events forwarded, comments and dropped events not included
         self.content_events = 0
-        self.rewrites: list[str] = []
+        self.rewrites: list[Rewrite] = []
         self.saw_id = False  # an upstream `id:` line was forwarded (see `keepalive_safe`)
         self.upstream_message: str | None = None  # the upstream's own error message, for the log line
         self._may_resume = may_resume  # asked before a committed stream ends with an error
@@ -182,8 +203,12 @@ class StreamGuard:
         return self._dialect
 
     @property
+    def state(self) -> GuardState:
+        return self._state
+
+    @property
     def done(self) -> bool:
-        return self._done
+        return self._state is DONE
 
     @property
     def stream(self) -> DialectStream:
@@ -194,6 +219,12 @@ class StreamGuard:
         """The Retry-After of the stray block the stream broke with, while a continuation is tried."""
         pending = self._pending
         return None if pending is None else pending.headers.get("Retry-After")
+
+    @property
+    def broke_with(self) -> Reason | None:
+        """Why the stream broke, while a continuation is tried (after a step with `resume`)."""
+        pending = self._pending
+        return None if pending is None else pending.reason
 
     @property
     def keepalive_safe(self) -> bool:
@@ -208,77 +239,42 @@ class StreamGuard:
 
     def feed(self, chunk: bytes) -> Step:
         """Upstream bytes arrived."""
-        if self._done:
-            return Step()
-        if not self._flowing:
-            if (
-                not chunk
-                or self._stitch is not None  # (a continuation: every event is rewritten)
-                or self._pending is not None
-                or not self._stream.may_repeat()  # (no dialect check to reach: one piece, as it always was)
-                or (not self.released and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
-            ):
-                return self._feed(chunk)
-            self._flowing = self.released and self._reader.idle
-        elif not chunk:
-            return self._feed(chunk)
-        acc: Step | None = None
-        start, n = 0, len(chunk)
-        if self._flowing:
+        state = self._state
+        if state is REPEATING and chunk:
             # The common read once the stream flows: repeats of the content template, often nothing
-            # else (one step, at once: what the loop below would find for it).
+            # else (one step, at once: what `_pieces` would find for it).
             count, start = self._stream.repeats(chunk, 0, self._max)
-            if count:
-                if start == n:
-                    return self._repeated(chunk, count)
-                acc = self._repeated(chunk[:start], count)
-        # Runs of content events the dialect knows without a parse skip the reader; other events go
-        # through it one at a time (it gives the same items however reads are split, and holding
-        # cannot end early within this read), and their Steps are merged into one.
-        pieces = _PIECES
-        if acc is None and self.released and not self._reader.idle:
-            acc, start = self._complete_pending(chunk)
-        while start < n:
-            if self.released and self._reader.idle:
-                count, end = self._stream.repeats(chunk, start, self._max)
-                if count:
-                    step = self._repeated(chunk if end - start == n else chunk[start:end], count)
-                    acc = step if acc is None else _merge(acc, step)
-                    start = end
-                    continue
-            end = chunk.find(b"\n\n", start) + 2
-            if end < 2 or pieces == 0:
-                end = n
-            pieces -= 1
-            step = self._feed(chunk if end - start == n else chunk[start:end])
-            acc = step if acc is None else _merge(acc, step)
-            if step.done or step.resume:  # (a break ends what the upstream said: the rest of the read is not read)
-                break
-            start = end
-        assert acc is not None
-        return acc
+            if count and start == len(chunk):
+                return self._repeated(chunk, count)
+            step = self._pieces(chunk, self._repeated(chunk[:start], count) if count else None, start)
+        elif state is DONE:
+            return Step()
+        elif self._whole(chunk):
+            step = self._feed(chunk)
+        else:
+            step = self._pieces(chunk, None, 0)
+        self._settle()
+        return step
 
     def end_of_stream(self) -> Step:
         """The upstream closed cleanly (EOF); a partial last event is dropped."""
-        if self._done:
+        if self._state is DONE:
             return Step()
         step, out = self._begin()
-        self._flowing = False
         return self._consume(step, out, self._reader.close()) or self._end(step, out)
 
     def fail(self, reason: Reason) -> Step:
         """The I/O layer detected a failure: `stream_cut`, `stall_timeout`, `shutdown` or `proxy_error`."""
-        if self._done:
+        if self._state is DONE:
             return Step()
         step, out = self._begin()
         known = reason if reason in _FAILURES else Reason.STREAM_CUT
         message = _FAILURES[known]
-        rewrite = None if reason is Reason.PROXY_ERROR else str(reason)
-        return self._error(step, out, status_for(known), message, reason, rewrite)
+        return self._error(step, out, status_for(known), message, reason, _REWRITES.get(known))
 
     def commit(self) -> Step:
         """The hold window expired: commit now and flush what was held."""
-        if self._done or self.released:
+        if self._state is not HOLDING:
             return Step()
         step = Step()
         out: list[bytes] = []
@@ -295,13 +291,13 @@ class StreamGuard:
             raise RuntimeError("resume() without a step that asked for it")
         self._pending = None
         self._reader = SSEReader(self._max)  # the broken stream's partial event is dropped
-        self._flowing = False
         self._stitch = stitch
+        self._to(PARSING)
 
     def give_up(self) -> Step:
         """No continuation: end with the error the stream broke with, as without --resume-on-cut."""
         pending = self._pending
-        if pending is None or self._done:
+        if pending is None or self._state is DONE:
             return Step()
         self._pending = None
         if pending.reason in (Reason.STRAY_HTTP_BLOCK, Reason.UPSTREAM_ERROR_FRAME):
@@ -320,8 +316,8 @@ class StreamGuard:
     def status_instead(self) -> None:
         """The ending goes out as a real status, not a frame: nothing this guard released is sent
         (the lifecycle's STATUS; counted as `late_commit_status`)."""
-        if "late_commit_status" not in self.rewrites:
-            self.rewrites.append("late_commit_status")
+        if Rewrite.LATE_COMMIT_STATUS not in self.rewrites:
+            self.rewrites.append(Rewrite.LATE_COMMIT_STATUS)
         self._held = []
         self._held_bytes = 0
         self._held_events = 0
@@ -333,19 +329,71 @@ class StreamGuard:
 
     def _resumes(self, step: Step, out: list[bytes], pending: _Pending) -> Step | None:
         """The one place a committed stream's failure may become a continuation instead of an end."""
-        if self._may_resume is None or not self.content_events or pending.rewrite == "oversized_event":
+        if self._may_resume is None or not self.content_events or pending.rewrite is Rewrite.OVERSIZED_EVENT:
             return None  # (content commits: a stream with content is always committed)
         if self._pending is not None:  # asked already: a second failure meanwhile ends the stream
             return None
         if not self._may_resume(pending.reason, pending.status):
             return None
         self._pending = pending
-        self._flowing = False
+        self._to(BROKEN)
         self.upstream_message = None  # (a mended break is not what the exchange ended with)
         if out:
             step.data = _join(out)
         step.resume = pending.reason
         return step
+
+    def _whole(self, chunk: bytes) -> bool:
+        """Whether a read goes through the reader in one piece, as it always did: no repeat in it is
+        worth looking for (the dialect cannot tell them, a continuation rewrites every event, one is
+        tried), or the hold may end early in it."""
+        state = self._state
+        return (
+            not chunk or state is BROKEN or self._stitch is not None or not self._stream.may_repeat()
+            or (state is HOLDING and (not self._hold or self._held_bytes + len(chunk) > self._max_held))
+        )
+
+    def _pieces(self, chunk: bytes, acc: Step | None, start: int) -> Step:
+        """A read from `start` on (`acc`: the Step of what came before): runs of content events the
+        dialect knows without a parse skip the reader; other events go through it one at a time (it
+        gives the same items however reads are split, and holding cannot end early within this read),
+        and their Steps are merged into one."""
+        pieces, n = _PIECES, len(chunk)
+        if acc is None and self._state is not HOLDING and not self._reader.idle:
+            acc, start = self._complete_pending(chunk)
+        while start < n:
+            if self._state is not HOLDING and self._reader.idle:
+                count, end = self._stream.repeats(chunk, start, self._max)
+                if count:
+                    step = self._repeated(chunk if end - start == n else chunk[start:end], count)
+                    acc = step if acc is None else _merge(acc, step)
+                    start = end
+                    continue
+            end = chunk.find(b"\n\n", start) + 2
+            if end < 2 or pieces == 0:
+                end = n
+            pieces -= 1
+            step = self._feed(chunk if end - start == n else chunk[start:end])
+            acc = step if acc is None else _merge(acc, step)
+            if step.done or step.resume:  # (a break ends what the upstream said: the rest of the read is not read)
+                break
+            start = end
+        assert acc is not None
+        return acc
+
+    def _settle(self) -> None:
+        """After a read through the reader: the quick path is open while nothing closes it (the hold
+        is over, no continuation is tried or stitched, the reader is idle, the dialect may repeat;
+        only the reader, through `_feed`, can make it stop repeating)."""
+        state = self._state
+        if state is PARSING or state is REPEATING:
+            quick = self._stitch is None and self._reader.idle and self._stream.may_repeat()
+            self._to(REPEATING if quick else PARSING)
+
+    def _to(self, state: GuardState) -> None:
+        """The one place the state moves; DONE is final."""
+        if self._state is not DONE:
+            self._state = state
 
     def _complete_pending(self, chunk: bytes) -> tuple[Step | None, int]:
         """The event a read cut in two, when its bytes are repeats: their Step and where the read
@@ -373,7 +421,6 @@ class StreamGuard:
         """Through the reader and the dialect's classification: every event parsed."""
         step, out = self._begin()
         try:
-            self._flowing = False
             items = self._reader.feed(chunk)
         except EventTooLarge as exc:
             # Deliver what was complete before the oversized event, then end on a clean boundary.
@@ -381,19 +428,20 @@ class StreamGuard:
             if ended is not None:
                 return ended
             message = f"an upstream event exceeded the proxy's limit of {self._max} bytes"
-            return self._error(step, out, 502, message, Reason.STREAM_CUT, "oversized_event")
+            return self._error(step, out, 502, message, Reason.STREAM_CUT, Rewrite.OVERSIZED_EVENT)
         return self._consume(step, out, items) or self._flush(step, out)
 
     def _begin(self) -> tuple[Step, list[bytes]]:
         step = Step()
         out: list[bytes] = []
-        if not self.released and not self._hold:
+        if self._state is HOLDING and not self._hold:
             self._commit(step, out)
         return step, out
 
     def _commit(self, step: Step, out: list[bytes]) -> None:
         step.commit = True
         self.released = True
+        self._to(PARSING)
         if self._held:
             out[:0] = self._held
             self._held = []
@@ -402,7 +450,7 @@ class StreamGuard:
         self._held_events = 0
 
     def _count(self) -> None:
-        if self.released:
+        if self._state is not HOLDING:
             self.events += 1
         else:
             self._held_events += 1
@@ -422,21 +470,21 @@ class StreamGuard:
             if item.id is not None:
                 self.saw_id = True
             kind = stream.classify(item)
-            if kind is _CONTENT:
+            if kind is Kind.CONTENT:
                 out.append(item.raw)
                 self.content_events += 1
                 step.content_events += 1
                 if self.content_events == 1:
                     step.first_content = True
-                if not self.released:
+                if self._state is HOLDING:
                     self._commit(step, out)
                 self.events += 1
-            elif kind is _PASS:
+            elif kind is Kind.PASS:
                 out.append(item.raw)
                 self._count()
-            elif kind is _COMMENT:
+            elif kind is Kind.COMMENT:
                 out.append(item.raw)
-            elif kind is _TERMINAL:
+            elif kind is Kind.TERMINAL:
                 # The reader ends an event at a CR; its LF (the rest of a CRLF) may be in the next
                 # read, which never happens once the stream is over, so complete the line end here.
                 raw = item.raw
@@ -444,7 +492,7 @@ class StreamGuard:
                 self._count()
                 return self._finish_ok(step, out)
             elif kind is Kind.MALFORMED:
-                self.rewrites.append("malformed_event")
+                self.rewrites.append(Rewrite.MALFORMED_EVENT)
             elif kind is Kind.END:
                 return self._end(step, out)
             elif kind is Kind.ERROR:
@@ -454,18 +502,19 @@ class StreamGuard:
                 assert info is not None
                 reason = Reason.UPSTREAM_ERROR_FRAME
                 self.upstream_message = info.message
-                return self._error(step, out, info.status, info.message, reason, "foreign_error_frame", info.code)
+                return self._error(step, out, info.status, info.message, reason, Rewrite.FOREIGN_ERROR_FRAME, info.code)
             elif kind is Kind.ABORTED:
                 # The abort chunk itself is dropped (its finish_reason is not one the SDKs know).
                 info = stream.error
                 assert info is not None
-                return self._error(step, out, info.status, info.message, Reason.UPSTREAM_ABORTED, "upstream_aborted")
+                aborted = Reason.UPSTREAM_ABORTED
+                return self._error(step, out, info.status, info.message, aborted, Rewrite.UPSTREAM_ABORTED)
             else:  # Kind.EARLY_DONE
-                return self._error(step, out, 502, _EARLY_DONE, Reason.STREAM_CUT, "stream_cut")
+                return self._error(step, out, 502, _EARLY_DONE, Reason.STREAM_CUT, Rewrite.STREAM_CUT)
         return None
 
     def _flush(self, step: Step, out: list[bytes]) -> Step:
-        if not self.released and out:
+        if self._state is HOLDING and out:
             self._held_bytes += sum(map(len, out))
             if self._held_bytes <= self._max_held:
                 self._held.extend(out)
@@ -476,14 +525,14 @@ class StreamGuard:
         return step
 
     def _finish(self, step: Step, outcome: Outcome, reason: Reason) -> Step:
-        self._done = True
+        self._to(DONE)
         step.done = True
         step.outcome = outcome
         step.reason = reason
         return step
 
     def _finish_ok(self, step: Step, out: list[bytes]) -> Step:
-        if not self.released:
+        if self._state is HOLDING:
             self._commit(step, out)
         if out:
             step.data = _join(out)
@@ -494,11 +543,11 @@ class StreamGuard:
         stream = self._stream
         if not stream.finished:
             message = _FAILURES[Reason.STREAM_CUT]
-            return self._error(step, out, status_for(Reason.STREAM_CUT), message, Reason.STREAM_CUT, "stream_cut")
+            return self._error(step, out, status_for(Reason.STREAM_CUT), message, Reason.STREAM_CUT, Rewrite.STREAM_CUT)
         terminal = stream.terminal_frame()
         if terminal is not None:
             out.append(terminal)
-            self.rewrites.append("missing_terminal")
+            self.rewrites.append(Rewrite.MISSING_TERMINAL)
         return self._finish_ok(step, out)
 
     def _error(
@@ -508,7 +557,7 @@ class StreamGuard:
         status: int,
         message: str,
         reason: Reason,
-        rewrite: str | None,
+        rewrite: Rewrite | None,
         code: ErrorCode | None = None,
         headers: dict[str, str] | None = None,
         *,
@@ -521,7 +570,7 @@ class StreamGuard:
                 return resumed
         body = self._dialect.error_body(status, message, code or reason)
         step.failure = Failure(status, body, headers or {})
-        if self.released:
+        if self._state is not HOLDING:
             out.append(self._stream.error_frame(status, message, code or reason))
             step.data = _join(out)
             if rewrite is not None:
@@ -537,7 +586,7 @@ class StreamGuard:
         info = self._stream.error
         assert info is not None
         self.upstream_message = info.message
-        if not self.released:
+        if self._state is HOLDING:
             return self._error(step, out, info.status, info.message, Reason.UPSTREAM_ERROR_FRAME, None, info.code)
         tail = self._stream.error_tail()
         pending = _Pending(info.status, info.message, Reason.UPSTREAM_ERROR_FRAME, None, info.code, {}, raw + tail)
@@ -568,4 +617,4 @@ class StreamGuard:
             message = block.reason or f"the upstream wrote an HTTP {block.status} response into the stream"
         headers = _retry_headers(block.headers)
         self.upstream_message = message
-        return self._error(step, out, status, message, Reason.STRAY_HTTP_BLOCK, "stray_http_block", code, headers)
+        return self._error(step, out, status, message, Reason.STRAY_HTTP_BLOCK, Rewrite.STRAY_HTTP_BLOCK, code, headers)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from proxy.core.dialects import Usage
 from proxy.core.latency import TokenGaps
-from proxy.core.verdicts import Cancellation, Outcome, Phase, Reason
+from proxy.core.verdicts import Cancellation, Outcome, Phase, Reason, Rewrite
 
 if TYPE_CHECKING:
     from proxy.core.resume import Resumer
@@ -42,7 +42,7 @@ class ExchangeRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     upstream_cancelled: Cancellation | None = None  # cancellation reason, when the proxy cancelled the upstream
-    rewrites: list[str] = field(default_factory=list)
+    rewrites: list[Rewrite] = field(default_factory=list)
     drained: bool = False  # --on-abandon drain read the upstream to its end after the client left
     client_request_id: str | None = None  # a client's X-Request-Id that was not usable as given
     body_reserved: int = 0  # request-body bytes this exchange holds against --max-buffered-body-bytes

@@ -7,8 +7,8 @@ from __future__ import annotations
 from enum import StrEnum
 from types import MappingProxyType
 
-__all__ = ["HOOKED_CANCELLATIONS", "REASONS", "Cancellation", "Outcome", "Phase", "Reason", "reason_for_status",
-           "status_for"]
+__all__ = ["HOOKED_CANCELLATIONS", "REASONS", "Cancellation", "Outcome", "Phase", "Reason", "Rewrite",
+           "reason_for_status", "status_for"]
 
 
 class Phase(StrEnum):
@@ -76,6 +76,22 @@ REASONS: MappingProxyType[Reason, tuple[Outcome, int]] = MappingProxyType({
     Reason.CLIENT_STALLED: (Outcome.ABORTED, 0),
 })
 
+
+
+class Rewrite(StrEnum):
+    """A change the stream guard made to what the upstream sent: the `reason` label of the rewrites
+    metric, the log line's `rewrites`, a span's `rewrite` events."""
+
+    STRAY_HTTP_BLOCK = "stray_http_block"
+    FOREIGN_ERROR_FRAME = "foreign_error_frame"
+    MISSING_TERMINAL = "missing_terminal"
+    STREAM_CUT = "stream_cut"
+    STALL_TIMEOUT = "stall_timeout"
+    SHUTDOWN = "shutdown"
+    MALFORMED_EVENT = "malformed_event"
+    OVERSIZED_EVENT = "oversized_event"
+    LATE_COMMIT_STATUS = "late_commit_status"
+    UPSTREAM_ABORTED = "upstream_aborted"
 
 
 class Cancellation(StrEnum):

@@ -25,6 +25,7 @@ from proxy.core.guard import StreamGuard
 from proxy.core.resume import RETRYABLE_STATUSES, Resumer
 from proxy.core.resume.count import TOKENIZE_PATH
 from proxy.core.resume.rules import retry_delay
+from proxy.core.verdicts import Reason
 from proxy.exchange.errors import Interrupter, UpstreamFailure
 from proxy.exchange.upstream import BodyReader, UpstreamHead, UpstreamLink, UpstreamPool
 
@@ -143,7 +144,7 @@ class Resuming:
     interrupter: Interrupter
     first_byte_timeout: float  # the longest Retry-After honoured
 
-    async def carry_on(self, guard: StreamGuard, reason: str) -> UpstreamLink | None:
+    async def carry_on(self, guard: StreamGuard, reason: Reason) -> UpstreamLink | None:
         """The stream broke for `reason` and the guard asked to continue: the continuation's link,
         already handed to the guard (`resume`), or None (then the guard must `give_up()`).
 

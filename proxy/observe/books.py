@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.core.latency import TokenGaps
 from proxy.core.lifecycle import Outcome, Phase, Reason
 from proxy.core.record import ExchangeRecord
+from proxy.core.resume.resumer import ResumeResult
 from proxy.observe.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class Books:
             extra["client_request_id"] = ex.client_request_id
         if ex.resumer is not None:
             extra["resumes"] = ex.resumer.resumes
-            if any(result != "resumed" for _, result in ex.resumer.decisions):
+            if any(result is not ResumeResult.RESUMED for _, result in ex.resumer.decisions):
                 extra["resume_refusal"] = ex.resumer.refusal  # why the last break was not mended
         try:
             self._log(ex, outcome, reason, now, ttft, usage_source, phase, extra)

@@ -24,6 +24,9 @@ from proxy import __version__
 from proxy.core.compile_attrs import mypyc_attr
 from proxy.core.latency import ITL_BUCKETS
 from proxy.core.lifecycle import Cancellation
+from proxy.core.resume.resumer import ResumeResult
+from proxy.core.resume.rules import RESUMABLE_REASONS
+from proxy.core.verdicts import Rewrite
 from proxy.observe.gaps import GapHistogram
 from proxy.observe.request_counts import (
     TTFT_BUCKETS,
@@ -48,15 +51,12 @@ CANCELLATION_REASONS = tuple(str(reason) for reason in Cancellation)
 CANCEL_HOOK_FAILURE_REASONS = (
     "timeout", "connect_failed", "http_status", "invalid_body", "invalid_id", "dropped", "cut", "error",
 )
-REWRITE_REASONS = (
-    "stray_http_block", "foreign_error_frame", "missing_terminal", "stream_cut", "stall_timeout", "shutdown",
-    "malformed_event", "oversized_event", "late_commit_status", "upstream_aborted",
-)
+REWRITE_REASONS = tuple(str(rewrite) for rewrite in Rewrite)
 
 # --resume-on-cut: the streams it continues, the breaks it counts, what came of each.
 RESUME_APIS = ("chat_completions", "completions")
-RESUME_REASONS = ("stream_cut", "stall_timeout", "stray_http_block", "upstream_error_frame")
-RESUME_RESULTS = ("resumed", "refused", "failed")
+RESUME_REASONS = tuple(sorted(str(reason) for reason in RESUMABLE_REASONS))
+RESUME_RESULTS = tuple(str(result) for result in ResumeResult)
 
 # Where the client left: the upstream had not answered yet; a stream with no content
 # yet; a stream mid-way; a whole (non-stream) response being read or written.

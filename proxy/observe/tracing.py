@@ -188,7 +188,7 @@ class Tracing:
         if ex.first_content_at is not None:
             span.add_event("first_token", timestamp=_wall_ns(ex.first_content_at))
         for rewrite in ex.rewrites:  # the guard does not time its rewrites: they are stamped at the end
-            span.add_event("rewrite", {"streamwarden.rewrite.reason": rewrite})
+            span.add_event("rewrite", {"streamwarden.rewrite.reason": str(rewrite)})
         span.end()
 
     def flush(self, timeout_ms: int = 10_000) -> bool:

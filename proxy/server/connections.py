@@ -238,11 +238,13 @@ class ClientConnection(asyncio.Protocol):
             self._port.open_connections -= 1
             self._port.connections.discard(self)
         self._disarm()
-        for request in (self._current, self._parsing, *self._queue):
+        if self._current is not None:
+            # The client left: an event to its exchange, first (one road: a body read it is in raises
+            # the exchange's `Interrupted`, and the upstream is cancelled as its answer says).
+            self._current.depart()
+        for request in (self._current, self._parsing, *self._queue):  # (bodies no exchange was told of)
             if request is not None and request not in self._complete:
                 request.content.set_exception(ConnectionResetError("the client closed the connection"))
-        if self._current is not None:
-            self._current.depart()  # the client left: an event to its exchange (which cancels the upstream)
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionResetError("the client closed the connection"))

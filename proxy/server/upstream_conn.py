@@ -56,19 +56,24 @@ class Response(IntEnum):
     FAILED = 5
 
 
+# The states as plain names, once, beside their enum, and spelt so everywhere below (the methods run
+# per header and per body piece: a global is one lookup where `Response.BODY` is two).
+IDLE: Final = Response.IDLE
+WAITING: Final = Response.WAITING
+INTERIM: Final = Response.INTERIM
+BODY: Final = Response.BODY
+DONE: Final = Response.DONE
+FAILED: Final = Response.FAILED
+
 _NEXT: Final[dict[Response, frozenset[Response]]] = {
-    Response.IDLE: frozenset({Response.WAITING}),
-    Response.WAITING: frozenset({Response.INTERIM, Response.BODY, Response.FAILED}),
-    Response.INTERIM: frozenset({Response.WAITING, Response.FAILED}),
-    Response.BODY: frozenset({Response.DONE, Response.FAILED}),
-    Response.DONE: frozenset({Response.WAITING}),
-    Response.FAILED: frozenset(),
+    IDLE: frozenset({WAITING}),
+    WAITING: frozenset({INTERIM, BODY, FAILED}),
+    INTERIM: frozenset({WAITING, FAILED}),
+    BODY: frozenset({DONE, FAILED}),
+    DONE: frozenset({WAITING}),
+    FAILED: frozenset(),
 }
-_ANSWERED: Final = frozenset({Response.IDLE, Response.DONE, Response.FAILED})  # no byte is awaited
-# The states as plain names for the methods below, which run per header and per body piece: a global is
-# one lookup where `Response.BODY` is two (and on 3.11 a Python-level hook, where the process has not
-# dropped it: proxy/server/speedups.py).
-_IDLE, _WAITING, _INTERIM, _BODY, _DONE, _FAILED = Response  # (in definition order)
+_ANSWERED: Final = frozenset({IDLE, DONE, FAILED})  # no byte is awaited
 
 
 class _Stray(Exception):
@@ -98,7 +103,7 @@ class UpstreamConnection(asyncio.Protocol):
         # (None once the transport is lost: the parser holds this protocol's bound methods, a cycle
         # that would leave the connection to the cyclic GC instead of refcounting)
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
-        self.response = _IDLE
+        self.response = IDLE
         self._waiter: asyncio.Future[UpstreamHead] | None = None
         self._sink: BodySink | None = None
         self._pending: list[bytes] = []  # body pieces not yet given to the sink (one batch per read)
@@ -127,7 +132,7 @@ class UpstreamConnection(asyncio.Protocol):
     def send(self, request: bytes, body: bytes | bytearray | None, *, head_only: bool) -> asyncio.Future[UpstreamHead]:
         """Write one request; the future resolves with the response head (or an `UpstreamFailure`)."""
         assert self.transport is not None
-        self._to(_WAITING)
+        self._to(WAITING)
         self._sink, self._pending, self._failure, self._told = None, [], None, False
         self._headers, self._reason, self._head_size, self._interim = CIMultiDict(), b"", 0, 0
         self._head_only, self._until_eof, self.reusable = head_only, False, False
@@ -153,7 +158,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     @property
     def complete(self) -> bool:
-        return self.response is _DONE and not self.closed
+        return self.response is DONE and not self.closed
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed:
@@ -184,7 +189,7 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             parser.feed_data(data)
         except httptools.HttpParserCallbackError:
-            if self.response is _DONE:  # (_Stray) the response is whole; the connection is not reusable
+            if self.response is DONE:  # (_Stray) the response is whole; the connection is not reusable
                 self.close()
                 return
             self._fail(Reason.BAD_UPSTREAM_RESPONSE, _BAD_RESPONSE)
@@ -200,9 +205,9 @@ class UpstreamConnection(asyncio.Protocol):
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
-        if self.response in (_WAITING, _INTERIM):
+        if self.response in (WAITING, INTERIM):
             self._fail(Reason.CONNECT_FAILED, _CLOSED_EARLY)
-        elif self.response is _BODY:
+        elif self.response is BODY:
             if self._until_eof and exc is None:
                 self._complete()  # a body framed by the close ends with it
             else:
@@ -213,7 +218,7 @@ class UpstreamConnection(asyncio.Protocol):
     # ---- llhttp's callbacks -----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self.response is _DONE:
+        if self.response is DONE:
             raise _Stray
 
     def on_status(self, status: bytes) -> None:
@@ -222,7 +227,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._grow(len(name) + len(value) + 4)  # (trailers too: a flood of them is bounded with the head)
-        if self.response is not _WAITING:
+        if self.response is not WAITING:
             return  # a chunked body's trailer: dropped, as nginx does (never a response header)
         self._headers.add(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
 
@@ -234,7 +239,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._interim += 1
             if status == 101 or self._interim > MAX_INTERIM:
                 raise ValueError("an unrequested upgrade, or an interim flood")
-            self._to(_INTERIM)  # its (empty) message completes next; the real head follows
+            self._to(INTERIM)  # its (empty) message completes next; the real head follows
             self._headers, self._reason, self._head_size = CIMultiDict(), b"", 0
             return
         headers = self._headers
@@ -243,7 +248,7 @@ class UpstreamConnection(asyncio.Protocol):
         chunked = is_chunked(headers.getall("Transfer-Encoding", ()))
         no_body = self._head_only or status in (204, 304)
         self._until_eof = not no_body and content_length is None and not chunked
-        self._to(_BODY)
+        self._to(BODY)
         head = UpstreamHead(status, self._reason.decode("latin-1"), headers, content_length)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(head)
@@ -252,14 +257,14 @@ class UpstreamConnection(asyncio.Protocol):
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
-        if self.response is _BODY:
+        if self.response is BODY:
             self._pending.append(body)
 
     def on_message_complete(self) -> None:
-        if self.response is _INTERIM:
-            self._to(_WAITING)
+        if self.response is INTERIM:
+            self._to(WAITING)
             return
-        if self.response is _BODY:
+        if self.response is BODY:
             assert self._parser is not None  # (a callback of its own feed)
             self.reusable = self._parser.should_keep_alive() and not self._until_eof
             self._complete()
@@ -276,7 +281,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.response = response
 
     def _complete(self) -> None:
-        self._to(_DONE)
+        self._to(DONE)
         if not self._feeding:
             self._deliver()
 
@@ -293,12 +298,12 @@ class UpstreamConnection(asyncio.Protocol):
         if self._told:
             return
         response = self.response
-        if response is _BODY:
+        if response is BODY:
             return  # (the common case: more body to come)
-        if response is _FAILED and self._failure is not None:
+        if response is FAILED and self._failure is not None:
             self._told = True
             sink.failed(self._failure)
-        elif response is _DONE:
+        elif response is DONE:
             self._told = True
             sink.end()
 
@@ -309,9 +314,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.close()
         if state in _ANSWERED:
             return
-        self._to(_FAILED)
+        self._to(FAILED)
         failure = self._failure = UpstreamFailure(reason, message)
-        if state is _BODY:
+        if state is BODY:
             self._pending = []  # (a partial piece of a broken body is never passed on)
             if not self._feeding:
                 self._deliver()

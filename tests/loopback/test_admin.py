@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 import aiohttp
 from support import Proxy, ProxyFactory
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from support.ports import free_port
 
 
 async def test_ready_when_the_upstream_answers(proxy: Proxy, http: aiohttp.ClientSession) -> None:
@@ -23,7 +16,7 @@ async def test_ready_when_the_upstream_answers(proxy: Proxy, http: aiohttp.Clien
 
 
 async def test_not_ready_when_the_upstream_is_down(make_proxy: ProxyFactory, http: aiohttp.ClientSession) -> None:
-    proxy = await make_proxy(upstream=f"http://127.0.0.1:{_closed_port()}")
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{free_port()}")
     async with http.get(f"{proxy.admin_url}/healthz") as resp:
         assert resp.status == 200  # the process lives; only readiness depends on the upstream
     async with http.get(f"{proxy.admin_url}/readyz") as resp:

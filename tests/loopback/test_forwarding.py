@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 from support import WAIT, FakeUpstream, Proxy, ProxyFactory, ServeUpstream, paused_stream
+from support.ports import free_port
 from yarl import URL
 
 
@@ -146,15 +147,9 @@ async def test_body_over_the_limit_gets_413_and_reaches_nobody(
     assert proxy.log_lines()[-1]["reason"] == "body_too_large"
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/anything"])
 async def test_upstream_down_gives_502_json(make_proxy: ProxyFactory, http: aiohttp.ClientSession, path: str) -> None:
-    proxy = await make_proxy(upstream=f"http://127.0.0.1:{_closed_port()}")
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{free_port()}")
     async with http.post(f"{proxy.url}{path}", json={"model": "m", "stream": True}) as resp:
         assert resp.status == 502
         assert resp.content_type == "application/json"

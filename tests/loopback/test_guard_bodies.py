@@ -10,7 +10,6 @@ headers, exact JSON, log line) and with the official SDKs (the exception class t
 from __future__ import annotations
 
 import asyncio
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 from multidict import CIMultiDictProxy
 from support import WAIT, FakeUpstream, Proxy, ProxyFactory
 from support.guard_cases import ALL, ANTHROPIC_MESSAGES, ANTHROPIC_TYPE, MESSAGES, OPENAI_TYPE, REQUESTS, error_body
+from support.ports import free_port
 
 # The headers an SDK acts on, which must survive any rewrite.
 RETRY_HEADERS = ("Retry-After", "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
@@ -168,9 +168,7 @@ async def test_reset_before_answer_is_a_502(proxy: Proxy, http: aiohttp.ClientSe
 
 @pytest.mark.parametrize("dialect", ALL)
 async def test_no_upstream_is_a_502(make_proxy: ProxyFactory, http: aiohttp.ClientSession, dialect: str) -> None:
-    with socket.socket() as sock:  # a port that was free a moment ago and has no listener now
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # (a port that was free a moment ago and has no listener now)
     proxy = await make_proxy(upstream=f"http://127.0.0.1:{port}")
     rid = f"refused-{dialect}"
     got = await post(http, proxy.url, dialect, rid, None, stream=True)

@@ -28,12 +28,12 @@ from support.metrics import (
     body_for,
     call,
     check_label_values,
-    closed_port,
     contract_family,
     delta,
     leave_when,
     scrape,
 )
+from support.ports import free_port
 
 from proxy import __version__
 
@@ -78,7 +78,7 @@ async def test_scripted_mix_counts_every_exchange_exactly(
     fake = fake_upstream
     late = await make_proxy(idle_timeout=0.5)  # the default 10 s late-commit window
     early = await make_proxy(hold_headers=0, first_byte_timeout=0.3)  # commits at once
-    dead = await make_proxy(upstream=f"http://127.0.0.1:{closed_port()}", connect_timeout=2)
+    dead = await make_proxy(upstream=f"http://127.0.0.1:{free_port()}", connect_timeout=2)
     proxies = {"late": late, "early": early, "dead": dead}
     before = {name: await scrape(http, p) for name, p in proxies.items()}
 
@@ -355,7 +355,7 @@ async def test_upstream_up_follows_the_probe(
         assert resp.status == 200
     assert other.sample("streamwarden_upstream_up") == 1
 
-    dead = await make_proxy(upstream=f"http://127.0.0.1:{closed_port()}")
+    dead = await make_proxy(upstream=f"http://127.0.0.1:{free_port()}")
     async with http.get(f"{dead.admin_url}/readyz") as resp:
         assert resp.status == 503
     assert dead.sample("streamwarden_upstream_up") == 0

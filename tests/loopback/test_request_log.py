@@ -12,13 +12,13 @@ import dataclasses
 import io
 import re
 import signal
-import socket
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 from support import WAIT, FakeUpstream, Proxy, ProxyFactory, until
+from support.ports import free_port
 
 from proxy.config import Config
 from proxy.observe.books import log_level
@@ -171,9 +171,7 @@ async def test_error_lines(
     assert isinstance(line["ttft_ms"], float)
 
     # No upstream at all.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     dead = await make_proxy(upstream=f"http://127.0.0.1:{port}")
     status, data, line = await post(http, dead, "log-dead", "/v1/chat/completions", {**CHAT, "stream": True})
     assert status == 502

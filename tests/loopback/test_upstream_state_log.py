@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from support import ProxyFactory, ServeUpstream
-from support.metrics import closed_port
+from support.ports import free_port
 
 from proxy.server import admin
 
@@ -55,7 +55,7 @@ async def test_down_and_back_are_logged_once_per_transition_at_warning(
 
 
 async def test_an_upstream_down_from_the_start_is_logged_with_the_os_error(make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(upstream=f"http://127.0.0.1:{closed_port()}")
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{free_port()}")
     for _ in range(2):
         assert await readyz(proxy.admin_url) == 503
     [down] = proxy.log_lines(event="upstream_down")
@@ -65,7 +65,7 @@ async def test_an_upstream_down_from_the_start_is_logged_with_the_os_error(make_
 
 
 async def test_a_connect_failed_request_line_says_why(make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(upstream=f"http://127.0.0.1:{closed_port()}")
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{free_port()}")
     async with aiohttp.ClientSession() as session:
         async with session.get(proxy.url + "/v1/models", headers={"X-Request-Id": "cause-1"}) as resp:
             assert resp.status == 502

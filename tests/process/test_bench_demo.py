@@ -8,13 +8,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
+from support.ports import free_port
 
 from proxy.tools.bench.load import Scenario, Window
 from proxy.tools.bench.report import format_scenario, percentile, summarize
@@ -287,7 +287,7 @@ def test_bench_rejects_bad_flags(args: list[str], message: str) -> None:
 @pytest.mark.timeout(180)  # a subprocess that starts the fake, nginx and streamwarden per scenario
 def test_bench_upstream_mode_skips_the_abandon_test() -> None:
     """`--upstream URL` in front of a backend that is not the fast fake: direct vs proxied still measured."""
-    port = _free_port()
+    port = free_port()
     fake = subprocess.Popen([PY, "-m", "proxy", "fake-upstream", "--port", str(port), "--token-rate", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
@@ -306,10 +306,6 @@ def test_bench_upstream_mode_skips_the_abandon_test() -> None:
     assert "abandon test: skipped (it reads the upstream's own view of the close: built-in fake only)" in done.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.parametrize(("values", "p50", "p99"), [([1.0], 1.0, 1.0), ([float(i) for i in range(1, 101)], 50.0, 99.0)])

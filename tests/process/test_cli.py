@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 from support import WAIT
-from support.hostile import free_ports
+from support.ports import free_ports
 
 PY = sys.executable
 _PORT_RACES = 3  # starts tried, each on new free ports

@@ -15,7 +15,6 @@ import asyncio
 import math
 import re
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 import yaml
 from support import FakeUpstream, Proxy, ProxyFactory
 from support.metrics import PATHS, abandon, answered, body_for, call, leave_when
+from support.ports import free_port
 from support.promql_exprs import dashboard_exprs, rule_exprs
 
 PROMETHEUS = shutil.which("prometheus")
@@ -36,12 +36,6 @@ pytestmark = [
 SCRAPE_SECONDS = 1
 WAIT_SECONDS = 20.0
 _THRESHOLD = re.compile(r"(>=|<=|==|!=|>|<)\s*([-+]?\d+(?:\.\d+)?)\s*$")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def prometheus_config(admin_url: str) -> dict[str, Any]:

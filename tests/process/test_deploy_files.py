@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version  # type: ignore[import-untyped]
 from support.contract import METRICS
+from support.ports import free_port
 from support.promql_exprs import DASHBOARD, RULES
 
 from proxy import __version__
@@ -767,9 +767,7 @@ def test_dockerfile_healthcheck_follows_the_real_admin_port(
     assert command[0] == "python", "slim has no curl: the check uses Python"
     handler = type("Handler", (_Health,), {"status": status})
     server = http.server.HTTPServer(("127.0.0.1", 0), handler)
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        wrong = str(unused.getsockname()[1])
+    wrong = str(free_port())
     right = str(server.server_address[1])
     flag_args, env_port = (["--admin-port", right], wrong) if given == "flag" else ([], right)
     # Stands in for the container's `python /opt/venv/bin/streamwarden serve ...`: its command line and

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.ports import free_port
 
 from proxy import healthcheck
 
@@ -50,12 +50,6 @@ def answering(status: int) -> Iterator[int]:
         server.shutdown()
         server.server_close()
         thread.join()
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -96,7 +90,7 @@ def run_check(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
 
 @pytest.mark.parametrize("variable", ["HTTP_PROXY", "http_proxy"])
 def test_a_proxy_answering_200_does_not_pass_a_stopped_proxy(tmp_path: Path, variable: str) -> None:
-    with answering(200) as liar, stand_in(tmp_path, "--admin-port", str(closed_port())) as proc:
+    with answering(200) as liar, stand_in(tmp_path, "--admin-port", str(free_port())) as proc:
         result = run_check(str(proc.pid), env={variable: f"http://127.0.0.1:{liar}", "NO_PROXY": "localhost"})
     assert result.returncode == 1, result.stdout + result.stderr
 
@@ -112,7 +106,7 @@ def test_a_decoy_command_line_is_not_taken_for_the_proxy(tmp_path: Path) -> None
     with answering(200) as admin:
         with stand_in(tmp_path, "--admin-port", str(admin)) as decoy:
             assert healthcheck.find_serve([decoy.pid]) is None
-        port = closed_port()
+        port = free_port()
         with stand_in(tmp_path, "--admin-port", str(port), listen=True) as real:
             assert healthcheck.find_serve([real.pid]) == (real.pid, f"http://127.0.0.1:{port}/healthz")
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.hostile import free_ports
+from support.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

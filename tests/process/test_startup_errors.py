@@ -6,16 +6,14 @@ nothing on stdout, no traceback, no "Unclosed client session", exit code 2.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.ports import free_port, held_port
 
 from proxy.cli import main
 from proxy.config import SERVE_FLAGS
@@ -23,21 +21,6 @@ from proxy.tools.fake import describe
 
 PY = sys.executable
 WAIT = 30
-
-
-@contextlib.contextmanager
-def held_port() -> Iterator[int]:
-    """A loopback port another process listens on, for as long as the block runs."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

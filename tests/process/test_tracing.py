@@ -26,7 +26,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from support import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream, until
 from support.hostile import ServeProcess
 from support.hostile import until as hostile_until
-from support.metrics import call, closed_port, leave_when
+from support.metrics import call, leave_when
+from support.ports import free_port
 
 from proxy.observe.tracing import Tracing
 
@@ -289,7 +290,7 @@ async def test_a_collector_that_is_down_costs_the_client_nothing(
     make_proxy: ProxyFactory, fake_upstream: FakeUpstream, http: aiohttp.ClientSession
 ) -> None:
     """The exporter's failures stay in the SDK's thread: requests are served and logged as usual."""
-    down = f"http://127.0.0.1:{closed_port()}"
+    down = f"http://127.0.0.1:{free_port()}"
     proxy = await make_proxy(otlp_endpoint=down)
     default = proxy.state.books.tracing
     assert default is not None

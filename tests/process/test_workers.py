@@ -26,8 +26,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import FakeUpstream
 from support.contract import ABORT_PHASES, APIS, CANCEL_HOOK_FAILURE_REASONS, CANCELLATION_REASONS, REWRITE_REASONS
-from support.hostile import PY, WAIT, ServeProcess, free_port, until
+from support.hostile import PY, WAIT, ServeProcess, until
 from support.metrics import Exposition, body_for, check_label_values
+from support.ports import free_port
 
 from proxy.config import Config
 from proxy.observe.logs import make_logger

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from support.backend import BackendProcess, free_port
+from support.backend import BackendProcess
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-llama-server.sh"

@@ -17,7 +17,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from support.backend import BackendProcess, free_port
+from support.backend import BackendProcess
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP_SCRIPT = REPO / "scripts" / "setup-vllm.sh"

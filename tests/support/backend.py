@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Self
 
-from support.hostile import free_port
-
-__all__ = ["BackendProcess", "free_port"]
+__all__ = ["BackendProcess"]
 
 
 @dataclass

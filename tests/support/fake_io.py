@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from multidict import CIMultiDict, CIMultiDictProxy
+from prometheus_client import CollectorRegistry
 
 from proxy.config import Config
 from proxy.core.dialects import DIALECTS
@@ -18,6 +20,10 @@ from proxy.core.record import ExchangeRecord
 from proxy.exchange.client import ClientRequest
 from proxy.exchange.client_writer import ClientWriter
 from proxy.exchange.upstream import BodySink
+from proxy.observe.books import Books
+from proxy.observe.logs import make_logger
+from proxy.observe.metrics import Metrics
+from proxy.server.connections import ClientConnection, ConnectionRules, MainPort
 
 _Hook = Callable[[], None]
 
@@ -185,3 +191,55 @@ class Exchange:
 def chat_chunk(text: str) -> bytes:
     return (b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"'
             + text.encode() + b'"},"finish_reason":null}]}\n\n')  # fmt: skip
+
+
+# ---- a client connection on the main port ----------------------------------------------------------------
+
+
+def books() -> Books:
+    """What a refusal books, on a registry and a log of the test's own (the real class: a compiled
+    build takes no stand-in)."""
+    return Books(Metrics(registry=CollectorRegistry()), make_logger(stream=io.StringIO()))
+
+
+class Handler:
+    """An exchange the test answers: each request waits until `answer()`."""
+
+    def __init__(self) -> None:
+        self.requests: list[ClientRequest] = []
+        self.gates: list[asyncio.Event] = []
+        self.cancelled = 0
+
+    async def __call__(self, request: ClientRequest) -> None:
+        self.requests.append(request)
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        try:
+            await gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        transport = request.channel.transport
+        assert transport is not None
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    def answer(self, i: int) -> None:
+        self.gates[i].set()
+
+
+class Connected(NamedTuple):
+    handler: Handler
+    connection: ClientConnection
+    transport: FakeTransport
+    port: MainPort
+
+
+def connected(rules: ConnectionRules) -> Connected:
+    """The arrangement of a connection test: the main port under `rules`, one connection on a fake
+    transport, and a handler the test answers."""
+    handler = Handler()
+    port = MainPort(handler, rules=rules, books=books())
+    connection = port()
+    transport = FakeTransport()
+    connection.connection_made(transport)
+    return Connected(handler, connection, transport, port)

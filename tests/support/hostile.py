@@ -23,24 +23,11 @@ from typing import Any
 
 import orjson
 
+from support.ports import free_port
+
 PY = sys.executable
 WAIT = 20.0  # the bound of every wait below: only a bug (or a dead machine) gets near it
 _PORT_RACES = 3  # starts of `serve` tried, each on new free ports
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: all held open at once, so the kernel cannot hand one out twice."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], host: str = "127.0.0.1") -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-from support.hostile import free_ports
+from support.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSTRAINTS = ROOT / "constraints.txt"

@@ -5,7 +5,6 @@ tracing, workers and live-dashboard tests (tests in one tier never import anothe
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -247,12 +246,6 @@ async def leave_when(
 def answered(ex: Any) -> bool:
     """The proxy's record of an exchange shows the upstream's response headers."""
     return ex.upstream_status is not None
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --- (a) names, types, labels ----------------------------------------------------------------------------

@@ -5,65 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import io
 
 import pytest
-from prometheus_client import CollectorRegistry
-from support.fake_io import ClockLoop, FakeTransport, run, turns
+from support.fake_io import ClockLoop, connected, run, turns
 
-from proxy.exchange.client import ClientRequest
-from proxy.observe.books import Books
-from proxy.observe.logs import make_logger
-from proxy.observe.metrics import Metrics
-from proxy.server.connections import LINGERING_SECONDS, ClientConnection, ConnectionRules, MainPort, State
+from proxy.exchange.errors import Cause, Interrupted
+from proxy.server.connections import LINGERING_SECONDS, ClientConnection, ConnectionRules, State
 
 RULES = ConnectionRules(header_timeout=60.0, max_header_size=8192, max_connections=2, keepalive_timeout=75.0)
 GET = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
-def books() -> Books:
-    """What a refusal books, on a registry and a log of the test's own (the real class: a compiled
-    build takes no stand-in)."""
-    return Books(Metrics(registry=CollectorRegistry()), make_logger(stream=io.StringIO()))
-
-
-class Handler:
-    """An exchange the test answers: each request waits until `answer()`."""
-
-    def __init__(self) -> None:
-        self.requests: list[ClientRequest] = []
-        self.gates: list[asyncio.Event] = []
-        self.cancelled = 0
-
-    async def __call__(self, request: ClientRequest) -> None:
-        self.requests.append(request)
-        gate = asyncio.Event()
-        self.gates.append(gate)
-        try:
-            await gate.wait()
-        except asyncio.CancelledError:
-            self.cancelled += 1
-            raise
-        transport = request.channel.transport
-        assert transport is not None
-        transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-
-    def answer(self, i: int) -> None:
-        self.gates[i].set()
-
-
-def connect(handler: Handler, rules: ConnectionRules = RULES) -> tuple[ClientConnection, FakeTransport, MainPort]:
-    port = MainPort(handler, rules=rules, books=books())
-    connection = port()
-    transport = FakeTransport()
-    connection.connection_made(transport)
-    return connection, transport, port
-
-
 def test_pipelined_requests_are_answered_one_at_a_time_in_order() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, transport, _ = connect(handler)
+        handler, connection, transport, _ = connected(RULES)
         connection.data_received(GET + GET.replace(b"models", b"second"))
         await turns()
         assert [r.path for r in handler.requests] == ["/v1/models"]  # the second waits, parsed
@@ -81,8 +36,7 @@ def test_pipelined_requests_are_answered_one_at_a_time_in_order() -> None:
 
 def test_a_departure_is_told_to_the_exchange_not_a_cancel_of_its_task() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, _, port = connect(handler)
+        handler, connection, _, port = connected(RULES)
         connection.data_received(GET)
         await turns()
         (request,) = handler.requests
@@ -102,8 +56,7 @@ def test_a_departure_is_told_to_the_exchange_not_a_cancel_of_its_task() -> None:
 
 def test_a_head_that_does_not_arrive_in_time_is_a_408_and_the_close() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, transport, _ = connect(handler)
+        handler, connection, transport, _ = connected(RULES)
         connection.data_received(b"GET /v1/models HTTP/1.1\r\nHo")
         loop.now += 59.0
         await turns()
@@ -119,8 +72,7 @@ def test_a_head_that_does_not_arrive_in_time_is_a_408_and_the_close() -> None:
 
 def test_an_idle_keepalive_connection_closes_quietly_after_its_timeout() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, transport, _ = connect(handler)
+        handler, connection, transport, _ = connected(RULES)
         connection.data_received(GET)
         await turns()
         handler.answer(0)
@@ -139,9 +91,8 @@ def test_an_idle_keepalive_connection_closes_quietly_after_its_timeout() -> None
 
 def test_a_connection_past_the_limit_gets_a_503() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
         rules = ConnectionRules(header_timeout=60.0, max_header_size=8192, max_connections=0, keepalive_timeout=75.0)
-        _, transport, _ = connect(handler, rules)
+        _handler, _, transport, _ = connected(rules)
         assert transport.data.startswith(b"HTTP/1.1 503 ")
         assert transport.closing
 
@@ -150,8 +101,7 @@ def test_a_connection_past_the_limit_gets_a_503() -> None:
 
 def test_writing_pauses_and_drains_through_the_flow_hooks() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, _, _ = connect(handler)
+        _handler, connection, _, _ = connected(RULES)
         events: list[str] = []
         connection.flow_hooks = (lambda: events.append("paused"), lambda: events.append("drained"))
         connection.pause_writing()
@@ -173,9 +123,8 @@ POST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n
 
 def test_a_keepalive_connection_moves_open_idle_and_open_again_at_the_next_first_byte() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
         rules = ConnectionRules(header_timeout=100.0, max_header_size=8192, max_connections=2, keepalive_timeout=75.0)
-        connection, transport, _ = connect(handler, rules)
+        handler, connection, transport, _ = connected(rules)
         assert connection.state is State.OPEN
         connection.data_received(GET)
         await turns()
@@ -199,8 +148,7 @@ def test_a_keepalive_connection_moves_open_idle_and_open_again_at_the_next_first
 
 def test_a_held_pipelined_head_ends_the_keepalive_wait() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, transport, _ = connect(handler)
+        handler, connection, transport, _ = connected(RULES)
         connection.data_received(GET + GET + GET)  # (one waits parsed, the third is held unparsed)
         await turns()
         handler.answer(0)
@@ -221,8 +169,7 @@ def test_a_held_pipelined_head_ends_the_keepalive_wait() -> None:
 
 def test_an_upgrade_is_answered_then_closed() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, transport, _ = connect(handler)
+        handler, connection, transport, _ = connected(RULES)
         connection.data_received(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n")
         await turns()
         assert connection.state is State.CLOSING
@@ -237,8 +184,7 @@ def test_an_upgrade_is_answered_then_closed() -> None:
 
 def test_garbage_behind_a_request_is_answered_then_closed() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, transport, _ = connect(handler)
+        handler, connection, transport, _ = connected(RULES)
         connection.data_received(GET + b"\x00\x01 not http\r\n\r\n")
         await turns()
         assert connection.state is State.CLOSING
@@ -252,8 +198,7 @@ def test_garbage_behind_a_request_is_answered_then_closed() -> None:
 
 def test_an_answer_before_the_body_lingers_until_the_body_ends_then_closes() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, transport, _ = connect(handler)
+        handler, connection, transport, _ = connected(RULES)
         connection.data_received(POST + b"01234")
         await turns()
         handler.answer(0)
@@ -272,8 +217,7 @@ def test_an_answer_before_the_body_lingers_until_the_body_ends_then_closes() -> 
 
 def test_a_lingering_close_ends_at_its_deadline() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, transport, _ = connect(handler)
+        handler, connection, transport, _ = connected(RULES)
         connection.data_received(POST + b"01234")
         await turns()
         handler.answer(0)
@@ -291,8 +235,7 @@ def test_a_lingering_close_ends_at_its_deadline() -> None:
 
 def test_a_refused_head_while_idle_is_closing() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, transport, _ = connect(handler)
+        handler, connection, transport, _ = connected(RULES)
         connection.data_received(GET)
         await turns()
         handler.answer(0)
@@ -308,8 +251,7 @@ def test_a_refused_head_while_idle_is_closing() -> None:
 
 def test_the_loss_is_final_a_late_close_changes_nothing() -> None:
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection, _, _ = connect(handler)
+        handler, connection, _, _ = connected(RULES)
         connection.data_received(GET)
         await turns()
         connection.connection_lost(None)
@@ -334,9 +276,7 @@ def test_a_lost_connection_is_freed_by_refcounting_not_left_to_the_cyclic_gc() -
     hundreds of connections a round, what the GC would free late is what the RSS shows."""
 
     async def test(loop: ClockLoop) -> None:
-        handler = Handler()
-        connection = ClientConnection(MainPort(handler, rules=RULES, books=books()))
-        connection.connection_made(FakeTransport())
+        handler, connection, _, _ = connected(RULES)
         connection.data_received(GET)
         await turns()
         handler.answer(0)
@@ -350,5 +290,25 @@ def test_a_lost_connection_is_freed_by_refcounting_not_left_to_the_cyclic_gc() -
             assert _alive(ClientConnection) == before - 1  # freed at once, with the collector off
         finally:
             gc.enable()
+
+    run(test)
+
+
+def test_a_departure_reaches_a_body_read_as_the_exchanges_event_not_a_reset() -> None:
+    """One road for a departure: the exchange hears it (its Interrupter sets `Interrupted` on the body
+    it reads), and the connection's own reset does not overtake it."""
+
+    async def test(loop: ClockLoop) -> None:
+        handler, connection, _, _ = connected(RULES)
+        connection.data_received(POST + b"abc")  # 3 of the 10 bytes of its body
+        await turns()
+        (request,) = handler.requests
+        request.on_departure(lambda: request.content.set_exception(Interrupted(Cause.CLIENT_GONE)))
+        connection.connection_lost(None)
+        await asyncio.wait_for(request.content.wait(), 5)
+        with pytest.raises(Interrupted):
+            request.content.take()
+        handler.answer(0)
+        await turns()
 
     run(test)

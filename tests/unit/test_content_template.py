@@ -20,7 +20,8 @@ from support.fast_path import NoFastPath, Outcome, outcome
 from proxy.core.dialects import DIALECTS, Dialect, Kind
 from proxy.core.dialects.chat import ChatStream
 from proxy.core.dialects.repeat import ContentTemplate
-from proxy.core.guard import Step, StreamGuard
+from proxy.core.guard import GuardState, Step, StreamGuard
+from proxy.core.lifecycle import Reason
 from proxy.core.sse import Event
 
 BASE = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
@@ -113,6 +114,27 @@ def test_a_repeated_content_event_is_recognised_without_a_parse() -> None:
     step = guard.feed(second + second)
     assert (step.data, step.content_events, step.first_content) == (second + second, 2, False)
     assert (guard.events, guard.content_events) == (4, 3)
+
+
+def test_the_quick_path_is_the_guards_repeating_state_and_a_break_or_a_stitch_closes_it() -> None:
+    answers = iter([True])  # one continuation, then a break ends the stream
+    guard = StreamGuard(DIALECTS["chat_completions"], hold=True, may_resume=lambda reason, status: next(answers, False))
+    guard.feed(ROLE)
+    assert guard.state is GuardState.HOLDING
+    guard.feed(content("Hello"))  # the first content: released, and the template learnt
+    assert guard.state is GuardState.REPEATING
+    world = content(" world")
+    assert guard.feed(world[:20]).data == b""  # a read cut inside an event: the reader holds its start
+    assert guard.state is GuardState.PARSING
+    assert guard.feed(world[20:]).data == world
+    assert guard.state is GuardState.REPEATING
+    assert guard.fail(Reason.STREAM_CUT).resume is Reason.STREAM_CUT
+    assert guard.state is GuardState.BROKEN
+    guard.resume(lambda event: event)
+    guard.feed(content("again"))
+    assert guard.state is GuardState.PARSING  # a continuation's events are all rewritten: never the quick path
+    assert guard.end_of_stream().done  # (cut again: no second continuation)
+    assert guard.state is GuardState.DONE
 
 
 def test_completions_text_is_a_leaf_too() -> None:

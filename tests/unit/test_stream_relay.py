@@ -5,13 +5,30 @@ a stalled client), in the manner of uvicorn's MockTransport and MockLoop tests."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
+import pytest
 from multidict import CIMultiDict
-from support.fake_io import ClockLoop, Exchange, advance, chat_chunk, run, turns
+from support.fake_io import ClockLoop, Exchange, FakeLink, advance, chat_chunk, run, turns
 
+from proxy.core.dialects import Dialect, Kind
+from proxy.core.dialects.chat import ChatStream
+from proxy.core.guard import StreamGuard
 from proxy.core.lifecycle import Cancellation, Reason, Reply
-from proxy.exchange.errors import Interrupter, UpstreamFailure
-from proxy.exchange.stream import relay_stream
+from proxy.core.sse import Event
+from proxy.exchange.errors import Cause, Interrupter, UpstreamFailure
+from proxy.exchange.stream import (
+    _NEXT,
+    ENDED,
+    FLOWING,
+    HOLDING,
+    RESUMING,
+    SETTLING,
+    RelayState,
+    StreamRelay,
+    relay_stream,
+    stream_response,
+)
 from proxy.exchange.upstream import UpstreamHead
 
 SSE_HEAD = UpstreamHead(200, "OK", CIMultiDict({"Content-Type": "text/event-stream"}), None)
@@ -81,19 +98,22 @@ def test_the_hold_window_keeps_the_200_until_it_ends() -> None:
     run(test)
 
 
-def test_content_in_the_commit_window_goes_out_in_order_after_the_200() -> None:
+def test_the_first_content_sends_the_200_from_its_own_callback() -> None:
     async def test(loop: ClockLoop) -> None:
         x = Exchange(hold=5.0)
         r = await _start(x)
-        x.sink.body(chat_chunk("A"))  # the first content commits: the 200 is due
-        assert not x.link.reading  # nothing more until it is out
+        x.sink.body(ROLE + chat_chunk("A"))  # the first content commits: the 200 goes out now, no task wakes
         assert x.life.committed
-        await turns()
+        assert x.sent.startswith(b"HTTP/1.1 200 ")
+        transport = x.channel.transport
+        assert transport is not None
+        assert len(transport.written) == 1  # the head and the held events in one write
+        assert body_of(x.sent) == ROLE + chat_chunk("A")
         assert x.link.reading
         x.sink.body(chat_chunk("B") + DONE)
         x.sink.end()
         await r.finished()
-        assert body_of(x.sent) == chat_chunk("A") + chat_chunk("B") + DONE
+        assert body_of(x.sent) == ROLE + chat_chunk("A") + chat_chunk("B") + DONE
 
     run(test)
 
@@ -220,3 +240,157 @@ def test_shutdown_after_the_commit_is_a_frame_and_then_the_close() -> None:
 
     run(test)
 
+
+
+# ---- the relay's table, one case per transition ------------------------------------------------------
+
+
+def _relay(x: Exchange) -> StreamRelay:
+    """A relay over `x` whose status line is held (HOLDING), attached to the fake upstream."""
+    relay = StreamRelay(x.link, x.guard, x.life, x.ex, x.cfg, x.out, stream_response(SSE_HEAD))
+    x.link.attach(relay)
+    return relay
+
+
+def _resumable(x: Exchange) -> None:
+    x.guard = StreamGuard(x.dialect, hold=True, may_resume=lambda reason, status: True)
+
+
+def _flowing(x: Exchange) -> StreamRelay:
+    relay = _relay(x)
+    x.sink.body(ROLE + chat_chunk("A"))
+    assert relay.state is FLOWING
+    return relay
+
+
+def _resuming(x: Exchange) -> StreamRelay:
+    _resumable(x)
+    relay = _flowing(x)
+    x.sink.failed(UpstreamFailure(Reason.STREAM_CUT, "cut"))
+    assert relay.state is RESUMING
+    return relay
+
+
+async def _holding_flowing(loop: ClockLoop, x: Exchange) -> StreamRelay:
+    relay = _relay(x)
+    await advance(loop, x.cfg.hold_headers + 0.1)  # the hold window ends: the 200, from the timer's callback
+    assert x.sent.startswith(b"HTTP/1.1 200 ")
+    return relay
+
+
+async def _holding_settling(loop: ClockLoop, x: Exchange) -> StreamRelay:
+    relay = _relay(x)
+    x.sink.body(ROLE)
+    x.sink.failed(UpstreamFailure(Reason.STREAM_CUT, "cut"))  # nothing committed: a real status
+    assert x.sent.startswith(b"HTTP/1.1 502 ")
+    return relay
+
+
+async def _holding_ended(loop: ClockLoop, x: Exchange) -> StreamRelay:
+    relay = _relay(x)
+    relay.interrupt(Cause.CLIENT_GONE)
+    assert x.sent == b""
+    return relay
+
+
+async def _flowing_resuming(loop: ClockLoop, x: Exchange) -> StreamRelay:
+    relay = _resuming(x)
+    assert not x.link.reading
+    return relay
+
+
+async def _flowing_settling(loop: ClockLoop, x: Exchange) -> StreamRelay:
+    relay = _flowing(x)
+    x.sink.body(DONE)
+    return relay
+
+
+async def _flowing_ended(loop: ClockLoop, x: Exchange) -> StreamRelay:
+    relay = _flowing(x)
+    x.channel.pause_writing()
+    await advance(loop, x.cfg.client_stall_timeout + 1)  # a stalled client is cut
+    transport = x.channel.transport
+    assert transport is not None
+    assert transport.aborted
+    return relay
+
+
+async def _resuming_flowing(loop: ClockLoop, x: Exchange) -> StreamRelay:
+    relay = _resuming(x)
+    x.guard.resume(lambda event: event)
+    continuation = FakeLink()
+    relay.relink(continuation)
+    assert continuation.sink is relay
+    assert continuation.reading
+    return relay
+
+
+async def _resuming_settling(loop: ClockLoop, x: Exchange) -> StreamRelay:
+    relay = _resuming(x)
+    relay.give_up()  # no continuation: the frame the stream broke with
+    assert b'"code":"stream_cut"' in body_of(x.sent)
+    return relay
+
+
+async def _resuming_ended(loop: ClockLoop, x: Exchange) -> StreamRelay:
+    relay = _resuming(x)
+    relay.give_up_for(Cause.CLIENT_GONE)
+    return relay
+
+
+async def _settling_ended(loop: ClockLoop, x: Exchange) -> StreamRelay:
+    relay = await _flowing_settling(loop, x)
+    assert relay.state is SETTLING
+    relay.stop()  # the handler settled the reply
+    return relay
+
+
+_CASES: dict[tuple[RelayState, RelayState], Callable[[ClockLoop, Exchange], Awaitable[StreamRelay]]] = {
+    (HOLDING, FLOWING): _holding_flowing,
+    (HOLDING, SETTLING): _holding_settling,
+    (HOLDING, ENDED): _holding_ended,
+    (FLOWING, RESUMING): _flowing_resuming,
+    (FLOWING, SETTLING): _flowing_settling,
+    (FLOWING, ENDED): _flowing_ended,
+    (RESUMING, FLOWING): _resuming_flowing,
+    (RESUMING, SETTLING): _resuming_settling,
+    (RESUMING, ENDED): _resuming_ended,
+    (SETTLING, ENDED): _settling_ended,
+}
+
+
+def test_every_transition_of_the_table_has_its_case() -> None:
+    table = {(a, b) for a, targets in _NEXT.items() for b in targets}
+    assert set(_CASES) == table
+
+
+@pytest.mark.parametrize("move", list(_CASES), ids=lambda m: f"{m[0].name}->{m[1].name}")
+def test_a_transition(move: tuple[RelayState, RelayState]) -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=5.0, client_stall_timeout=60.0, idle_timeout=600.0)
+        relay = await _CASES[move](loop, x)
+        assert relay.state is move[1]
+        relay.stop()
+        assert relay.state is ENDED
+
+    run(test)
+
+
+class _Bug(ChatStream):
+    def classify(self, event: Event) -> Kind:
+        raise RuntimeError("a bug of ours")
+
+
+def test_a_bug_of_ours_is_raised_in_the_handler_and_ends_the_relay() -> None:
+    async def test(loop: ClockLoop) -> None:
+        x = Exchange(hold=5.0)
+        x.guard = StreamGuard(Dialect("chat_completions", json_body=True, anthropic=False, stream_factory=_Bug),
+                              hold=True)  # fmt: skip
+        relay = _relay(x)
+        relay.body(ROLE)  # (the dialect fails on it)
+        assert relay.state is ENDED
+        with pytest.raises(RuntimeError, match="a bug of ours"):
+            await asyncio.wait_for(relay.wait(), 5)
+        relay.stop()
+
+    run(test)

@@ -24,7 +24,6 @@ DONE_FRAME = b"data: [DONE]\n\n"
 # an abort call, a sleep or scale-down pause), then sends `[DONE]`: a cut answer dressed as complete.
 ABORT_REASON = "abort"
 ABORTED = ErrorInfo(502, 'the upstream aborted the generation (finish_reason "abort")', "upstream_aborted")
-_CONTENT, _PASS = Kind.CONTENT, Kind.PASS  # (per event: a global, one lookup)
 # What a choice (by index) did so far, one bit each: a seen choice is in the stream's dict (one dict
 # rather than three sets: a held stream's state is a few hundred bytes smaller).
 _FINISHED, _PRODUCED = 1, 2
@@ -72,7 +71,7 @@ class ChatStream(DialectStream):
             if event.event == "error" or is_error_object(obj):
                 self.error = describe_error(obj)
                 return Kind.FOREIGN
-            return _PASS
+            return Kind.PASS
         usage = obj.get("usage")
         if usage:
             self.usage = usage_from(usage, "prompt_tokens", "completion_tokens") or self.usage
@@ -111,7 +110,7 @@ class ChatStream(DialectStream):
             self._choices[index] = flags
         if content and not usage and len(choices) == 1 and self.recorder is None and self._template.hopeful:
             self._learn(event.data, obj, choices[0])  # (a template only serves `repeats`: not with a recorder)
-        return _CONTENT if content else _PASS
+        return Kind.CONTENT if content else Kind.PASS
 
     def _learn(self, data: bytes, obj: dict[str, Any], choice: Any) -> None:
         """A lone choice's text as the template's leaf: with no usage and no finish_reason, a repeat

@@ -30,7 +30,6 @@ __all__ = ["ResponsesStream"]
 _PRELUDE = frozenset({"response.created", "response.in_progress", "response.queued"})
 _TERMINAL = frozenset({"response.completed", "response.incomplete"})
 _CODE_STATUS = {"rate_limit_exceeded": 429, "invalid_prompt": 400, "server_error": 500}
-_FOREIGN = Kind.FOREIGN  # (checked per event: a global, one lookup)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: subclassed by the tests)
@@ -64,7 +63,7 @@ class ResponsesStream(DialectStream):
     def classify_object(self, event: Event, obj: dict[str, Any]) -> Kind:
         kind = self._classify(event, obj)
         seq = obj.get("sequence_number")
-        if kind is not _FOREIGN and type(seq) is int and seq > self._seq:
+        if kind is not Kind.FOREIGN and type(seq) is int and seq > self._seq:
             self._seq = seq  # (a foreign event is rebuilt, not passed: the rebuilt one takes the next number)
         return kind
 

@@ -12,6 +12,7 @@ error or none, or broke or errored in turn; a break of the first stream for whic
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Final
 
 from proxy.core.dialects import DialectStream
@@ -29,12 +30,22 @@ from proxy.core.resume.rules import (
 )
 from proxy.core.resume.stitch import Stitcher
 from proxy.core.resume.transcript import Transcript
+from proxy.core.verdicts import Reason
 
-__all__ = ["RESULTS", "Resumer"]
+__all__ = ["RESULTS", "ResumeResult", "Resumer"]
 
-RESULTS = ("resumed", "refused", "failed")
+
+class ResumeResult(StrEnum):
+    """What came of a break: the `result` label of the resumes metric."""
+
+    RESUMED = "resumed"
+    REFUSED = "refused"
+    FAILED = "failed"
+
+
+RESULTS = tuple(ResumeResult)
 _PARSE: Final = object()  # (Resumer's default: the body is parsed by the Resumer itself)
-_STATUSED = frozenset({"stray_http_block", "upstream_error_frame"})  # continued only when retryable
+_STATUSED = frozenset({Reason.STRAY_HTTP_BLOCK, Reason.UPSTREAM_ERROR_FRAME})  # continued only when retryable
 
 
 def _rule_fields(obj: dict[str, Any]) -> dict[str, Any]:
@@ -77,10 +88,10 @@ class Resumer:
         self.limit = limit
         self.transcript = Transcript(max_size)
         self.resumes = 0  # continuations that answered with a stream
-        self._booked: list[tuple[str, str]] = []  # (reason, result), in order
-        self._running: str | None = None  # the break the streaming continuation mends (booked at its end)
+        self._booked: list[tuple[Reason, ResumeResult]] = []  # (reason, result), in order
+        self._running: Reason | None = None  # the break the streaming continuation mends (booked at its end)
         self.refusal: str | None = None  # why the last break was not continued
-        self._reason: str | None = None  # the break being mended
+        self._reason: Reason | None = None  # the break being mended
         # The client's bytes (held for the send anyway, not copied), parsed again only when a
         # continuation is due: a body of many small objects is ~20 times its size as Python objects.
         self._body = body
@@ -105,12 +116,12 @@ class Resumer:
         return self._fields is not None and self.limit > 0
 
     @property
-    def decisions(self) -> list[tuple[str, str]]:
+    def decisions(self) -> list[tuple[Reason, ResumeResult]]:
         """One (reason, result) per break of the first stream not mended, and per continuation sent:
         a continuation still streaming (or that ended without breaking) counts `resumed`."""
         if self._running is None:
             return list(self._booked)
-        return [*self._booked, (self._running, "resumed")]
+        return [*self._booked, (self._running, ResumeResult.RESUMED)]
 
     def watch(self, stream: DialectStream) -> None:
         """Keep the transcript from the chunks this stream's dialect parses (until it passes
@@ -126,10 +137,10 @@ class Resumer:
             self._stream.recorder = None
             self._stream = None
 
-    def may_resume(self, reason: str, status: int) -> bool:
+    def may_resume(self, reason: Reason, status: int) -> bool:
         """The guard's question: continue this break? A no for a break of the resumable kinds is counted."""
-        if self._running is not None and reason != "shutdown":  # the continuation itself broke or errored
-            self._booked.append((self._running, "failed"))
+        if self._running is not None and reason is not Reason.SHUTDOWN:  # the continuation itself broke or errored
+            self._booked.append((self._running, ResumeResult.FAILED))
             self._running = None
             self.refusal = f"the continuation broke ({reason})"
             broke_again = True
@@ -139,7 +150,7 @@ class Resumer:
             return False
         if self._fields is None:
             return self._refuse(reason, self.refusal or "the request cannot be continued")
-        attempts = sum(1 for _, result in self._booked if result != "refused")
+        attempts = sum(1 for _, result in self._booked if result is not ResumeResult.REFUSED)
         if attempts >= self.limit:
             why = f"the limit of {self.limit} continuations was reached"
             if broke_again:  # (booked once, as the continuation that broke: none more was sent)
@@ -223,7 +234,7 @@ class Resumer:
     def failed(self, why: str) -> None:
         """The continuation was answered with an error or not at all: the stream ends as it broke."""
         assert self._reason is not None
-        self._booked.append((self._reason, "failed"))
+        self._booked.append((self._reason, ResumeResult.FAILED))
         self.refusal = why
         self._reason = None
 
@@ -233,7 +244,7 @@ class Resumer:
         self._refuse(self._reason, why)
         self._reason = None
 
-    def _refuse(self, reason: str, why: str) -> bool:
-        self._booked.append((reason, "refused"))
+    def _refuse(self, reason: Reason, why: str) -> bool:
+        self._booked.append((reason, ResumeResult.REFUSED))
         self.refusal = why
         return False

@@ -17,6 +17,7 @@ import orjson
 
 from proxy.core.resume.splice import splice
 from proxy.core.resume.transcript import Transcript
+from proxy.core.verdicts import Reason
 
 __all__ = [
     "BUDGETS",
@@ -34,7 +35,9 @@ __all__ = [
 
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Breaks worth a continuation: the connection or the backend failed, not the request.
-RESUMABLE_REASONS = frozenset({"stream_cut", "stall_timeout", "stray_http_block", "upstream_error_frame"})
+RESUMABLE_REASONS = frozenset(
+    {Reason.STREAM_CUT, Reason.STALL_TIMEOUT, Reason.STRAY_HTTP_BLOCK, Reason.UPSTREAM_ERROR_FRAME}
+)
 
 RESUMABLE_APIS = frozenset({"chat_completions", "completions"})
 _TOOLS = ("tools", "tool_choice", "functions", "function_call")
