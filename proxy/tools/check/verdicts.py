@@ -183,13 +183,21 @@ def judge_context_overflow(dialect: str, status: int, body: bytes, prompt_words:
 
 
 def judge_abort(
-    received: int, generated: float, max_tokens: int, *, what: str = "the client's close"
+    received: int,
+    generated: float,
+    max_tokens: int,
+    *,
+    what: str = "the client's close",
+    running_at_close: bool = True,
 ) -> tuple[str, str, bool]:
     """From the backend's own count of the tokens generated for one stream: did the close stop it?
 
     ``received`` content events had arrived when the client closed; whatever the counter grew beyond
     them was generated after the close (content events can hold more than one token, so this is an upper
-    bound). Stopped means less than half of what was left ran. Returns (result, detail, went_on).
+    bound). Stopped means less than half of what was left ran. ``running_at_close``: the backend's
+    gauge of running requests was above 0 just before the close; at 0 the generation had ended before
+    the close was seen, and its full count is no evidence of a run-on (``unknown``, never ``quirk``).
+    Returns (result, detail, went_on).
     """
     after = max(0.0, generated - received)
     left = max_tokens - received
@@ -198,6 +206,11 @@ def judge_abort(
     seen = f"{generated:.0f} of {max_tokens} tokens generated for a stream closed after {received} content events"
     if after <= left / 2:
         return OK, f"stopped at {what}: {seen}", False
+    if not running_at_close:
+        return UNKNOWN, (
+            f"not judged: the generation was over before {what} ({seen}; no request was running at the close: "
+            "the backend generated faster than the check read)"
+        ), False
     return QUIRK, f"went on after {what}: {seen}", True
 
 
