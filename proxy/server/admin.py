@@ -4,9 +4,10 @@ upstream's (a backend's own /metrics or /health stays reachable through the prox
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import orjson
@@ -63,14 +64,25 @@ class UpstreamProbe:
         self._known: bool | None = None  # the state last logged; None before the first probe
         self._lock = asyncio.Lock()
 
-    async def is_up(self) -> bool:
+    async def is_up(self, max_age: float | None = None) -> bool:
+        """Up or not, probing when the last answer is older than ``max_age`` (PROBE_CACHE_SECONDS)."""
+        max_age = PROBE_CACHE_SECONDS if max_age is None else max_age
         async with self._lock:  # one probe at a time; callers during it share its answer
-            if time.monotonic() - self._checked_at >= PROBE_CACHE_SECONDS:
+            if time.monotonic() - self._checked_at >= max_age:
                 self._up, cause = await self._probe()
                 self._checked_at = time.monotonic()
                 self.state.metrics.upstream_up.set(1 if self._up else 0)
                 self._log_transition(cause)
             return self._up
+
+    async def watch(self, interval: float) -> None:
+        """Probe at once (a dead upstream is logged at start, not at the first request), then whenever no
+        probe ran for ``interval`` seconds (/readyz and /metrics probe too); 0: the first probe only."""
+        while True:
+            await self.is_up(max_age=interval)
+            if interval <= 0:
+                return
+            await asyncio.sleep(max(0.0, self._checked_at + interval - time.monotonic()))
 
     def _log_transition(self, cause: str) -> None:
         """One line per change of the upstream's state, at warning (so `--log-level warning` keeps it):
@@ -133,6 +145,7 @@ def _why(exc: BaseException) -> str:
 WorkerCount = Callable[[], tuple[int, int]]
 
 PROBE: web.AppKey[UpstreamProbe] = web.AppKey("streamwarden_probe", UpstreamProbe)
+WATCH: web.AppKey[asyncio.Task[None]] = web.AppKey("streamwarden_watch")
 ADMIN_STATE: web.AppKey[ProxyState] = web.AppKey("streamwarden_admin_state", ProxyState)
 WORKERS: web.AppKey[WorkerCount] = web.AppKey("streamwarden_workers")
 
@@ -163,12 +176,24 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def _watch(app: web.Application) -> AsyncIterator[None]:
+    """The admin port's lifetime: the upstream probed at start and while idle (``--health-interval``)."""
+    probe = app[PROBE]
+    task = asyncio.get_running_loop().create_task(probe.watch(app[ADMIN_STATE].config.health_interval))
+    app[WATCH] = task
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def build_admin_app(state: ProxyState, workers: WorkerCount | None = None) -> web.Application:
     app = web.Application()
     app[ADMIN_STATE] = state
     if workers is not None:
         app[WORKERS] = workers
     app[PROBE] = UpstreamProbe(state)
+    app.cleanup_ctx.append(_watch)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)

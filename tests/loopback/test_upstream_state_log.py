@@ -7,10 +7,12 @@ The probe's 2 s cache is set to 0 here so that every /readyz probes again: no te
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 from aiohttp import web
-from support import ProxyFactory, ServeUpstream
+from support import WAIT, ProxyFactory, ServeUpstream, until
 from support.metrics import closed_port
 
 from proxy.server import admin
@@ -62,6 +64,46 @@ async def test_an_upstream_down_from_the_start_is_logged_with_the_os_error(make_
     assert down["level"] == "warning"
     assert down["cause"] == "GET /v1/models: Connection refused"
     assert proxy.log_lines(event="upstream_up") == []
+
+
+async def test_an_upstream_down_at_start_is_logged_before_any_request_or_probe(make_proxy: ProxyFactory) -> None:
+    """`make run UPSTREAM=http://127.0.0.1:9` (issue 35): the start's own probe logs the dead upstream at
+    once; nothing asks /readyz and no request comes."""
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{closed_port()}")
+    await until(lambda: bool(proxy.log_lines(event="upstream_down")))
+    [down] = proxy.log_lines(event="upstream_down")
+    assert down["cause"] == "GET /v1/models: Connection refused"
+    assert proxy.sample("streamwarden_upstream_up") == 0
+
+
+async def test_an_idle_proxy_probes_on_the_health_interval(
+    make_proxy: ProxyFactory, serve_upstream: ServeUpstream
+) -> None:
+    """Nothing asks /readyz and no request comes: the upstream's fall and return are logged all the same."""
+    health = {"status": 200, "probes": 0}
+
+    async def upstream(request: web.Request) -> web.Response:
+        health["probes"] += 1
+        return web.json_response({"object": "list", "data": []}, status=health["status"])
+
+    proxy = await make_proxy(upstream=await serve_upstream(upstream), health_interval=0.05)
+    await until(lambda: health["probes"] >= 1)  # the probe at start
+    health["status"] = 503
+    await until(lambda: bool(proxy.log_lines(event="upstream_down")))
+    health["status"] = 200
+    await until(lambda: bool(proxy.log_lines(event="upstream_up")))
+    assert len(proxy.log_lines(event="upstream_down")) == 1
+    [up] = proxy.log_lines(event="upstream_up")
+    assert up["came_back"] is True
+
+
+async def test_a_zero_health_interval_probes_at_start_only(make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{closed_port()}", health_interval=0.0)
+    await until(lambda: bool(proxy.log_lines(event="upstream_down")))
+    watch = proxy.server.admin_app[admin.WATCH]
+    await asyncio.wait_for(asyncio.shield(watch), WAIT)  # it returned after the one probe
+    assert watch.done()
+    assert not watch.cancelled()
 
 
 async def test_a_connect_failed_request_line_says_why(make_proxy: ProxyFactory) -> None:
