@@ -331,7 +331,7 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "health-path": (_path, "/v1/models", "upstream path that /readyz probes"),
     "health-interval": (
         _seconds, "10", "the upstream is probed at start, then every N seconds nothing else probed it (/readyz, "
-        "/metrics), so upstream_down/upstream_up are logged while idle too (0: at start only)",
+        "/metrics), so upstream_down/upstream_up are logged while idle too (0: only when /readyz or /metrics asks)",
     ),
     "on-abandon": (
         _choice("cancel", "drain"), "cancel", "when the client leaves: cancel the upstream, or drain it for usage",

@@ -16,7 +16,7 @@ from aiohttp import web
 from proxy.exchange.state import ProxyState
 from proxy.observe.metrics import CONTENT_TYPE_LATEST
 
-__all__ = ["PROBE_CACHE_SECONDS", "PROBE_TIMEOUT_SECONDS", "UpstreamProbe", "build_admin_app"]
+__all__ = ["PROBE_CACHE_SECONDS", "PROBE_TIMEOUT_SECONDS", "UpstreamProbe", "begin_watch", "build_admin_app"]
 
 PROBE_TIMEOUT_SECONDS = 2.0
 PROBE_CACHE_SECONDS = 2.0
@@ -63,6 +63,7 @@ class UpstreamProbe:
         self._up = False
         self._known: bool | None = None  # the state last logged; None before the first probe
         self._lock = asyncio.Lock()
+        self.watching: asyncio.Task[None] | None = None  # `begin_watch`'s
 
     async def is_up(self, max_age: float | None = None) -> bool:
         """Up or not, probing when the last answer is older than ``max_age`` (PROBE_CACHE_SECONDS)."""
@@ -77,11 +78,9 @@ class UpstreamProbe:
 
     async def watch(self, interval: float) -> None:
         """Probe at once (a dead upstream is logged at start, not at the first request), then whenever no
-        probe ran for ``interval`` seconds (/readyz and /metrics probe too); 0: the first probe only."""
-        while True:
+        probe ran for ``interval`` seconds (/readyz and /metrics probe too); 0: never (only when asked)."""
+        while interval > 0:
             await self.is_up(max_age=interval)
-            if interval <= 0:
-                return
             await asyncio.sleep(max(0.0, self._checked_at + interval - time.monotonic()))
 
     def _log_transition(self, cause: str) -> None:
@@ -145,7 +144,6 @@ def _why(exc: BaseException) -> str:
 WorkerCount = Callable[[], tuple[int, int]]
 
 PROBE: web.AppKey[UpstreamProbe] = web.AppKey("streamwarden_probe", UpstreamProbe)
-WATCH: web.AppKey[asyncio.Task[None]] = web.AppKey("streamwarden_watch")
 ADMIN_STATE: web.AppKey[ProxyState] = web.AppKey("streamwarden_admin_state", ProxyState)
 WORKERS: web.AppKey[WorkerCount] = web.AppKey("streamwarden_workers")
 
@@ -176,15 +174,22 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def _watch(app: web.Application) -> AsyncIterator[None]:
-    """The admin port's lifetime: the upstream probed at start and while idle (``--health-interval``)."""
+def begin_watch(app: web.Application) -> None:
+    """The upstream probed at start and while idle (``--health-interval``), from now on: called once the
+    ports listen and the `started` line is (about to be) written, so a dead upstream's line follows it."""
     probe = app[PROBE]
-    task = asyncio.get_running_loop().create_task(probe.watch(app[ADMIN_STATE].config.health_interval))
-    app[WATCH] = task
+    if probe.watching is None:
+        interval = app[ADMIN_STATE].config.health_interval
+        probe.watching = asyncio.get_running_loop().create_task(probe.watch(interval))
+
+
+async def _end_watch(app: web.Application) -> AsyncIterator[None]:
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    task = app[PROBE].watching
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def build_admin_app(state: ProxyState, workers: WorkerCount | None = None) -> web.Application:
@@ -193,7 +198,7 @@ def build_admin_app(state: ProxyState, workers: WorkerCount | None = None) -> we
     if workers is not None:
         app[WORKERS] = workers
     app[PROBE] = UpstreamProbe(state)
-    app.cleanup_ctx.append(_watch)
+    app.cleanup_ctx.append(_end_watch)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)

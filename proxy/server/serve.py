@@ -26,6 +26,7 @@ from proxy import __version__
 from proxy.config import Config
 from proxy.exchange.state import ProxyState
 from proxy.observe.metrics import keep_values_in_memory
+from proxy.server.admin import begin_watch
 from proxy.server.app import (
     build_admin_app,
     build_main_server,
@@ -134,6 +135,8 @@ class Server:
         hold = getattr(self.logger, "hold_lines", None)
         if hold is not None:  # `proxy.observe.logs.Logger`: the lines of one loop turn in one write
             hold(loop)
+        if self._admin is not None:
+            begin_watch(self.admin_app)  # its first probe runs after `run`'s started line
 
     async def _close_after_failed_start(self) -> None:
         """What `start` opened before it failed, closed, so nothing warns about it at exit."""

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
-from support import FakeUpstream, Proxy, ProxyFactory, until
+from support import FakeUpstream, Proxy, ProxyFactory
 from support.contract import (
     APIS,
     METRICS,
@@ -350,7 +350,10 @@ async def test_upstream_up_follows_the_probe(
     live = await make_proxy()
     assert (await scrape(http, live)).value("streamwarden_upstream_up") == 1  # /metrics probes first
     other = await make_proxy()
-    await until(lambda: other.sample("streamwarden_upstream_up") == 1)  # the probe at start: no /readyz asked
+    assert other.sample("streamwarden_upstream_up") == 0  # nothing probed yet: not known to be up
+    async with http.get(f"{other.admin_url}/readyz") as resp:
+        assert resp.status == 200
+    assert other.sample("streamwarden_upstream_up") == 1
 
     dead = await make_proxy(upstream=f"http://127.0.0.1:{closed_port()}")
     async with http.get(f"{dead.admin_url}/readyz") as resp:

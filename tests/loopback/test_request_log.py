@@ -314,7 +314,7 @@ async def test_started_line_redacts_the_upstream_password() -> None:
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(server.run())
     try:
-        await until(lambda: "started" in stream.getvalue())
+        await until(lambda: "upstream_down" in stream.getvalue())  # the probe at start: nothing listens on 9
         server.request_stop()
         await asyncio.wait_for(task, 10)
     finally:
@@ -322,8 +322,8 @@ async def test_started_line_redacts_the_upstream_password() -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     lines = [orjson.loads(text) for text in stream.getvalue().splitlines()]
-    assert [line["event"] for line in lines] == ["started", "draining", "stopped"]
-    assert lines[0]["upstream"] == "http://user:***@127.0.0.1:9"
+    assert [line["event"] for line in lines] == ["started", "upstream_down", "draining", "stopped"]
+    assert lines[0]["upstream"] == lines[1]["upstream"] == "http://user:***@127.0.0.1:9"
     assert_no_secret(stream.getvalue())
 
 

@@ -69,7 +69,7 @@ async def test_an_upstream_down_from_the_start_is_logged_with_the_os_error(make_
 async def test_an_upstream_down_at_start_is_logged_before_any_request_or_probe(make_proxy: ProxyFactory) -> None:
     """`make run UPSTREAM=http://127.0.0.1:9` (issue 35): the start's own probe logs the dead upstream at
     once; nothing asks /readyz and no request comes."""
-    proxy = await make_proxy(upstream=f"http://127.0.0.1:{closed_port()}")
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{closed_port()}", health_interval=10.0)  # the default
     await until(lambda: bool(proxy.log_lines(event="upstream_down")))
     [down] = proxy.log_lines(event="upstream_down")
     assert down["cause"] == "GET /v1/models: Connection refused"
@@ -97,13 +97,22 @@ async def test_an_idle_proxy_probes_on_the_health_interval(
     assert up["came_back"] is True
 
 
-async def test_a_zero_health_interval_probes_at_start_only(make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(upstream=f"http://127.0.0.1:{closed_port()}", health_interval=0.0)
-    await until(lambda: bool(proxy.log_lines(event="upstream_down")))
-    watch = proxy.server.admin_app[admin.WATCH]
-    await asyncio.wait_for(asyncio.shield(watch), WAIT)  # it returned after the one probe
-    assert watch.done()
-    assert not watch.cancelled()
+async def test_a_zero_health_interval_probes_only_when_asked(
+    make_proxy: ProxyFactory, serve_upstream: ServeUpstream
+) -> None:
+    probes = []
+
+    async def upstream(request: web.Request) -> web.Response:
+        probes.append(request.path)
+        return web.json_response({"object": "list", "data": []})
+
+    proxy = await make_proxy(upstream=await serve_upstream(upstream), health_interval=0.0)
+    watch = proxy.server.admin_app[admin.PROBE].watching
+    assert watch is not None
+    await asyncio.wait_for(asyncio.shield(watch), WAIT)  # it returned at once, without a probe
+    assert (watch.done(), watch.cancelled(), probes) == (True, False, [])
+    assert await readyz(proxy.admin_url) == 200
+    assert probes == ["/v1/models"]
 
 
 async def test_a_connect_failed_request_line_says_why(make_proxy: ProxyFactory) -> None:
