@@ -144,6 +144,22 @@ def test_a_proxy_that_cannot_start_is_its_one_line_and_no_banner() -> None:
     assert "Stop with Ctrl-C" not in done.stdout
 
 
+@pytest.mark.parametrize(
+    ("upstream", "line"),
+    [
+        ("http://127.0.0.1:9/v1", "streamwarden serve: error: argument --upstream: expected the backend's root URL, "
+         "without /v1 (the clients' paths carry it: write http://127.0.0.1:9), got 'http://127.0.0.1:9/v1'"),
+    ],
+)
+def test_a_bad_upstream_value_is_its_one_line_and_no_usage_block(upstream: str, line: str) -> None:
+    """`make run UPSTREAM=.../v1` (issue 35): the one line that matters, not 20 lines of usage above it."""
+    port, admin, fake = free_ports(3)
+    done = launch(launcher_env(port, admin, fake, upstream=upstream))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [line]
+    assert "Stop with Ctrl-C" not in done.stdout
+
+
 def test_sigterm_to_the_launcher_drains_and_stops_both() -> None:
     port, admin, fake = free_ports(3)
     launcher = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "run.py")], env=launcher_env(port, admin, fake),
