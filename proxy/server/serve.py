@@ -240,11 +240,12 @@ class Server:
             upstream=self.config.redacted_upstream(),
             listen=f"{self.config.host}:{main_port}",
             admin=f"{self.config.admin_listen_host}:{admin_port}" if admin_port is not None else None,
-            settings={k: v for k, v in _settings(self.config).items() if k != "upstream"},
             nofile_soft_before=fd_limits[0] if fd_limits else None,
             nofile=fd_limits[1] if fd_limits else None,
             max_client_connections=self.max_connections,
         )
+        # every setting, at debug: the started line stays short enough to read in a terminal
+        self.logger.debug("settings", settings={k: v for k, v in _settings(self.config).items() if k != "upstream"})
         if self.max_connections < self.config.max_client_connections:
             self.logger.warning(
                 "max_client_connections_lowered",

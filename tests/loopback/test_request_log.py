@@ -327,6 +327,36 @@ async def test_started_line_redacts_the_upstream_password() -> None:
     assert_no_secret(stream.getvalue())
 
 
+@pytest.mark.parametrize("level", ["info", "debug"])
+async def test_the_console_started_line_is_short_and_the_settings_are_at_debug(level: str) -> None:
+    """Issue 35: the console's started line was one 963-character line of settings. It says what a reader
+    needs at once (version, upstream, ports); every setting is one `settings` line at debug."""
+    config = Config(upstream="http://127.0.0.1:9", host="127.0.0.1", port=0, admin_port=0, health_interval=0.0)
+    stream = io.StringIO()
+    server = Server(config, build_state(config, logger=make_logger("console", level, stream)))
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(server.run())
+    try:
+        await until(lambda: " started " in stream.getvalue())
+        server.request_stop()
+        await asyncio.wait_for(task, 10)
+    finally:
+        task.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    lines = stream.getvalue().splitlines()
+    [started] = [line for line in lines if " started " in line]
+    assert len(started) <= 300, started
+    assert "upstream=http://127.0.0.1:9" in started
+    assert "idle_timeout" not in started
+    settings = [line for line in lines if " settings " in line]
+    if level == "debug":
+        [line] = settings
+        assert "'idle_timeout': 120.0" in line
+    else:
+        assert settings == []
+
+
 # --- console format -------------------------------------------------------------------------------------------
 
 
