@@ -13,6 +13,7 @@ import io
 import re
 import signal
 import socket
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -355,6 +356,33 @@ async def test_the_console_started_line_is_short_and_the_settings_are_at_debug(l
         assert "'idle_timeout': 120.0" in line
     else:
         assert settings == []
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_sample_line() -> dict[str, Any]:
+    text = README.read_text()
+    start = text.index("```json", text.index("<!-- sample log line:")) + len("```json")
+    sample: dict[str, Any] = orjson.loads(text[start : text.index("```", start)])
+    return sample
+
+
+async def test_the_readmes_sample_line_has_a_real_lines_fields(proxy: Proxy, http: aiohttp.ClientSession) -> None:
+    """The README shows one request line (issue 35: one had to run the proxy to see one): its fields are
+    those of a real streamed chat's line, none missing, none made up."""
+    sample = readme_sample_line()
+    body = {"model": "demo", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"X-Request-Id": "readme-sample"}
+    async with http.post(proxy.url + "/v1/chat/completions", json=body, headers=headers) as resp:
+        assert resp.status == 200
+        await resp.read()
+    line = await proxy.line_for("readme-sample")
+    assert sorted(sample) == sorted(line)
+    assert {k: line[k] for k in ("api", "outcome", "reason", "usage_source", "level")} == {
+        k: sample[k] for k in ("api", "outcome", "reason", "usage_source", "level")
+    }
 
 
 # --- console format -------------------------------------------------------------------------------------------
