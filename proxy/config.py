@@ -330,8 +330,8 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     "client-stall-timeout": (_positive_seconds, "60", "seconds a client may stop reading before it counts as gone"),
     "health-path": (_path, "/v1/models", "upstream path that /readyz probes"),
     "health-interval": (
-        _seconds, "10", "the upstream is probed at start, then every N seconds nothing else probed it (/readyz, "
-        "/metrics), so upstream_down/upstream_up are logged while idle too (0: only when /readyz or /metrics asks)",
+        _seconds, "10", "probe the upstream at start and after N seconds without a probe, logging upstream_down "
+        "and upstream_up (0: only /readyz and /metrics probe)",
     ),
     "on-abandon": (
         _choice("cancel", "drain"), "cancel", "when the client leaves: cancel the upstream, or drain it for usage",
