@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -183,8 +183,8 @@ def begin_watch(app: web.Application) -> None:
         probe.watching = asyncio.get_running_loop().create_task(probe.watch(interval))
 
 
-async def _end_watch(app: web.Application) -> AsyncIterator[None]:
-    yield
+async def _end_watch(app: web.Application) -> None:
+    """``on_cleanup`` (a plain coroutine: compiled code has no async generators): the watch stops."""
     task = app[PROBE].watching
     if task is not None:
         task.cancel()
@@ -198,7 +198,7 @@ def build_admin_app(state: ProxyState, workers: WorkerCount | None = None) -> we
     if workers is not None:
         app[WORKERS] = workers
     app[PROBE] = UpstreamProbe(state)
-    app.cleanup_ctx.append(_end_watch)
+    app.on_cleanup.append(_end_watch)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
