@@ -17,7 +17,7 @@ from proxy.tools.check.run import NoModel, run_check
 from proxy.tools.fake import FakeSettings, build_app
 from proxy.tools.fake.quirks import QUIRKS
 
-RATE = 500.0  # content events per second: an abandoned stream of the abort probes (2048) runs 4 s, past the close
+RATE = 1000.0  # content events per second: an abandoned stream of the abort probes (4096) runs 4 s, past the close
 
 
 async def check(aiohttp_server: AiohttpServer, quirk: str | None = None) -> Report:
@@ -144,8 +144,8 @@ async def test_a_generation_over_before_the_close_is_unknown(serve_upstream: Ser
 
     url = await serve_upstream(backend)
     async with Upstream(url, api_key=None, timeout=10.0) as upstream:
-        ctx = Context(upstream, "m", backend=BACKENDS[-1], context_length=4096)
+        ctx = Context(upstream, "m", backend=BACKENDS[-1], context_length=131072)
         plain = await probe_stops_generation(ctx)
         assert (plain.result, plain.flags) == ("unknown", ()), plain
         assert "over before the client's close" in plain.detail
-        assert books["asked"] == 2048  # a generation far longer than a close takes
+        assert books["asked"] == 4096  # a generation far longer than a close takes

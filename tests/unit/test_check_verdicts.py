@@ -106,10 +106,18 @@ def test_context_overflow_wants_a_4xx_in_the_dialects_shape() -> None:
 
 @pytest.mark.parametrize(
     ("generated", "result"),
-    [(8, "ok"), (13, "ok"), (8 + 92, "ok"), (8 + 93, "quirk"), (192, "quirk"), (5, "unknown")],
+    [(8, "ok"), (13, "ok"), (100, "ok"), (182, "ok"), (183, "quirk"), (192, "quirk"), (5, "unknown")],
 )
-def test_abandonment_is_judged_against_what_was_left(generated: float, result: str) -> None:
+def test_abandonment_is_judged_by_whether_the_answer_ran_to_its_end(generated: float, result: str) -> None:
     assert judge_abort(8, generated, 192)[0] == result
+
+
+def test_a_close_seen_late_on_a_loaded_machine_still_stopped_the_generation() -> None:
+    """vLLM beside stress-ng --cpu 2 (issue 35): 1,125 to 1,853 of 2,048 tokens after a close after 8
+    events, never the whole answer: it stops, late. Judged by the end, not by how soon."""
+    for generated in (1125, 1853):
+        assert judge_abort(8, generated, 2048, running_at_close=True)[0] == "ok"
+    assert judge_abort(8, 2048, 2048, running_at_close=True)[0] == "quirk"
 
 
 def test_a_generation_over_before_the_close_is_unknown_and_recommends_nothing() -> None:
@@ -123,7 +131,8 @@ def test_a_generation_over_before_the_close_is_unknown_and_recommends_nothing() 
 
 
 def test_the_abandoned_stream_is_long_as_the_context_allows() -> None:
-    assert abandon_tokens(4096) == abandon_tokens(131072) == 2048
+    assert abandon_tokens(131072) == 4096
+    assert abandon_tokens(4096) == 3968  # the vLLM tier's max_model_len
     assert abandon_tokens(512) == 384  # llama-server's per-slot context in the real tier
     assert abandon_tokens(None) == 512
     assert abandon_tokens(64) == 32

@@ -8,8 +8,9 @@ again, and compare what it generated with what had arrived. Without such a count
 so a generation that runs on is waited for (its length is bounded by the probe's ``max_tokens``).
 
 The answer asked for is long (up to ABANDON_TOKENS, as the context allows): seconds of generation even
-for a tiny model on a CPU, far longer than a close takes to land, so the close, not the answer's end,
-is what stops it. Just before the close the check reads the backend's gauge of running requests: at 0
+for a tiny model on a CPU, longer than a close takes to land even on a loaded machine, so the close,
+not the answer's end, is what stops it, and stopped is told from went on by whether the answer ran to
+its end (``verdicts.judge_abort``), not by how soon it stopped. Just before the close the check reads the backend's gauge of running requests: at 0
 the generation was over already (the backend generated faster than a busy client read), and a full
 count afterwards says nothing about the close, so the probe says ``unknown``, never ``quirk``.
 """
@@ -34,11 +35,11 @@ from proxy.tools.check.verdicts import judge_abort, judge_prefill, message_of, p
 
 __all__ = ["abandon_tokens", "probe_conversation_replay", "probe_prefill", "probe_stops_generation"]
 
-ABANDON_TOKENS = 2048  # the stream's max_tokens where the context allows: a run to its end is unmistakable
+ABANDON_TOKENS = 4096  # the stream's max_tokens where the context allows: a run to its end is unmistakable
 ABANDON_FALLBACK = 512  # ... where the backend announces no context length
 CONTEXT_MARGIN = 128  # tokens of the context kept for the prompt and its template
 RECEIVED = 8  # content events read before the close
-SETTLE_TIMEOUT = 90.0  # seconds for the backend to be idle again (a run-on of ABANDON_TOKENS included)
+SETTLE_TIMEOUT = 140.0  # seconds for the backend to be idle again (a run-on of ABANDON_TOKENS included)
 POLL = 0.1
 CONVERSATION_HEADER = "X-Conversation-Id"
 _CHAT = DIALECTS["chat_completions"]
