@@ -10,9 +10,10 @@ so a generation that runs on is waited for (its length is bounded by the probe's
 The answer asked for is long (up to ABANDON_TOKENS, as the context allows): seconds of generation even
 for a tiny model on a CPU, longer than a close takes to land even on a loaded machine, so the close,
 not the answer's end, is what stops it, and stopped is told from went on by whether the answer ran to
-its end (``verdicts.judge_abort``), not by how soon it stopped. Just before the close the check reads the backend's gauge of running requests: at 0
-the generation was over already (the backend generated faster than a busy client read), and a full
-count afterwards says nothing about the close, so the probe says ``unknown``, never ``quirk``.
+its end (``verdicts.judge_abort``), not by how soon it stopped. Just before the close the check reads
+the backend's gauge of running requests: at 0 the generation was over already (the backend generated
+faster than a busy client read), and a full count afterwards says nothing about the close, so the
+probe says ``unknown``, never ``quirk``.
 """
 
 from __future__ import annotations
