@@ -63,13 +63,21 @@ class UpstreamProbe:
         self._up = False
         self._known: bool | None = None  # the state last logged; None before the first probe
         self._lock = asyncio.Lock()
+        self._probes = 0  # probes begun: a caller that waited for the lock during one shares its answer
         self.watching: asyncio.Task[None] | None = None  # `begin_watch`'s
 
     async def is_up(self, max_age: float | None = None) -> bool:
-        """Up or not, probing when the last answer is older than ``max_age`` (PROBE_CACHE_SECONDS)."""
+        """Up or not, probing when the last answer is older than ``max_age``. Asked (/readyz, /metrics:
+        no ``max_age``), an up answer is kept PROBE_CACHE_SECONDS and a down one not at all: an upstream
+        that came up after the probe at start is ready at the next ask, not 2 s later."""
+        asked = max_age is None
         max_age = PROBE_CACHE_SECONDS if max_age is None else max_age
+        probes = self._probes
         async with self._lock:  # one probe at a time; callers during it share its answer
-            if time.monotonic() - self._checked_at >= max_age:
+            shared = self._probes != probes
+            stale = time.monotonic() - self._checked_at >= max_age or (asked and not self._up)
+            if stale and not shared:
+                self._probes += 1
                 self._up, cause = await self._probe()
                 self._checked_at = time.monotonic()
                 self.state.metrics.upstream_up.set(1 if self._up else 0)

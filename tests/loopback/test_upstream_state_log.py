@@ -97,6 +97,25 @@ async def test_an_idle_proxy_probes_on_the_health_interval(
     assert up["came_back"] is True
 
 
+async def test_an_upstream_up_after_the_start_probe_is_ready_at_the_next_ask(
+    make_proxy: ProxyFactory, serve_upstream: ServeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy starts beside its backend (a pod, `make run`): the probe at start finds it down. Once it
+    answers, /readyz says ready at once: a down answer is not kept (an up one is, PROBE_CACHE_SECONDS)."""
+    monkeypatch.setattr(admin, "PROBE_CACHE_SECONDS", 600.0)
+    health = {"status": 503}
+
+    async def upstream(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": []}, status=health["status"])
+
+    proxy = await make_proxy(upstream=await serve_upstream(upstream), health_interval=10.0)
+    await until(lambda: bool(proxy.log_lines(event="upstream_down")))
+    health["status"] = 200
+    assert await readyz(proxy.admin_url) == 200
+    health["status"] = 503
+    assert await readyz(proxy.admin_url) == 200  # up is kept for PROBE_CACHE_SECONDS
+
+
 async def test_a_zero_health_interval_probes_only_when_asked(
     make_proxy: ProxyFactory, serve_upstream: ServeUpstream
 ) -> None:
