@@ -40,11 +40,11 @@ lint: $(STAMP)
 # Every tier but the real one in two processes (pytest-xdist; a file's tests stay in one, with its servers),
 # then the real tier alone: one llama-server and one vLLM for its session, its build made once. Exit 5 is
 # "no test selected" (the real tier left out without its binaries, or a -k that picks none of a run).
+# scripts/test_total.py runs both and ends with their sum, "N passed, M skipped", as the last line.
 # With PYTEST_ARGS (a path, a -k), one plain pytest run of just that.
 test: lint
 ifeq ($(strip $(PYTEST_ARGS)),)
-	$(BIN)/pytest -n 2 --dist loadfile --ignore=tests/real --ignore=tests/container || [ $$? -eq 5 ]
-	$(BIN)/pytest tests/real || [ $$? -eq 5 ]
+	$(BIN)/python scripts/test_total.py "$(BIN)/pytest -n 2 --dist loadfile --ignore=tests/real --ignore=tests/container" "$(BIN)/pytest tests/real"
 else
 	$(BIN)/pytest $(PYTEST_ARGS)
 endif

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.machinery
 import importlib.util
 import sys
@@ -87,6 +88,23 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
     raise KeyError(name)
 
 
+def _fail(command: str, message: str) -> int:
+    """A value error: one line naming the flag (no usage block: it would bury the line), exit 2."""
+    print(f"streamwarden {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _unrecognized(parser: argparse.ArgumentParser, command: str | None, extra: list[str]) -> int:
+    """Arguments no flag takes: one line, naming the closest flag when the first unknown one is a typo."""
+    where = _subparser(parser, command) if command else parser
+    known = [option for action in where._actions for option in action.option_strings]
+    flags = [arg.split("=", 1)[0] for arg in extra if arg.startswith("--")]
+    close = difflib.get_close_matches(flags[0], known, n=1, cutoff=0.75) if flags else []
+    hint = f"; did you mean {close[0]}?" if close else f" (streamwarden {command} --help lists the flags)"
+    noun = "argument" if len(extra) == 1 else "arguments"
+    return _fail(command or "", f"unrecognized {noun}: {' '.join(extra)}{hint}")
+
+
 def _needs_extra(exc: ModuleNotFoundError, extra: str, modules: set[str]) -> int:
     """One line naming the extra that brings a missing optional dependency, exit 2; anything else is a bug."""
     if (exc.name or "").partition(".")[0] not in modules:
@@ -112,12 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if "fake-upstream" in (sys.argv[1:] if argv is None else argv):
         _list_scenarios(_subparser(parser, "fake-upstream"))
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        return _unrecognized(parser, args.command, extra)
     if args.command == "serve":
         try:
             config = config_from_args(args)
         except ConfigError as exc:
-            _subparser(parser, "serve").error(str(exc))  # usage line + one line, exit 2
+            return _fail("serve", str(exc))
         from proxy.server.serve import StartupError, serve
         from proxy.workers.cpus import resolve_workers
 
@@ -171,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             options = options_from_args(args)
         except ValueError as exc:
-            _subparser(parser, "bench").error(str(exc))
+            return _fail("bench", str(exc))
         return run_bench(options)
     if args.command == "check":
         from proxy.tools.check.options import options_from_args as check_options
@@ -180,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return run_check(check_options(args))
         except ValueError as exc:
-            _subparser(parser, "check").error(str(exc))
+            return _fail("check", str(exc))
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -329,6 +329,10 @@ SERVE_FLAGS: dict[str, tuple[Callable[[str], Any], str | None, str]] = {
     ),
     "client-stall-timeout": (_positive_seconds, "60", "seconds a client may stop reading before it counts as gone"),
     "health-path": (_path, "/v1/models", "upstream path that /readyz probes"),
+    "health-interval": (
+        _seconds, "10", "probe the upstream at start and after N seconds without a probe, logging upstream_down "
+        "and upstream_up (0: only /readyz and /metrics probe)",
+    ),
     "on-abandon": (
         _choice("cancel", "drain"), "cancel", "when the client leaves: cancel the upstream, or drain it for usage",
     ),
@@ -399,6 +403,7 @@ class Config:
     upstream_max_connections: int = _default("upstream-max-connections")
     client_stall_timeout: float = _default("client-stall-timeout")
     health_path: str = _default("health-path")
+    health_interval: float = _default("health-interval")
     on_abandon: str = _default("on-abandon")
     model_label_limit: int = _default("model-label-limit")
     log_format: str = _default("log-format")

@@ -10,6 +10,7 @@ The fake runs in its own session so that it serves the proxy's drain to the end.
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import signal
@@ -17,11 +18,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from types import FrameType
 
 WAIT_SECONDS = 30.0  # for a child to come up on a slow machine; only a broken start gets near it
 STOP_SECONDS = 45.0  # the proxy's drain (30 s) and its exit
+MODELS_SECONDS = 3.0  # for UPSTREAM's GET /v1/models, read once for the hints
 
 
 def main() -> int:
@@ -49,6 +52,7 @@ def main() -> int:
             hint = " ".join(f"{name}={_free_near(number, taken)}" for name, number in busy)
             print(f"make run: in use: {shown}; pick others, e.g. make run {hint}", file=sys.stderr)
             return 2
+        own_upstream = bool(upstream)
         if not upstream:
             upstream = f"http://127.0.0.1:{fake_port}"
             fake = subprocess.Popen(
@@ -72,7 +76,8 @@ def main() -> int:
             return 128 + stopping[0]
         # From here on a Ctrl-C is the proxy's (it drains); the loop leaves only on another signal. Nothing
         # is cleared: a SIGTERM may come the moment the banner is read.
-        print(_banner(port, admin_port, upstream), flush=True)
+        print(_banner(port, admin_port, upstream, _upstream_model(upstream) if own_upstream else ("demo", "")),
+              flush=True)
         while proxy.poll() is None and os.getppid() == parent:
             if any(signum != signal.SIGINT for signum in stopping):
                 break
@@ -136,18 +141,46 @@ def _stop(children: list[subprocess.Popen[bytes]]) -> None:
                 child.wait()
 
 
-def _banner(port: int, admin_port: int, upstream: str) -> str:
-    chat = "'{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
+def _upstream_model(upstream: str) -> tuple[str, str]:
+    """(the first model id the upstream's GET /v1/models lists, "") for the hints, or ("MODEL", why not)."""
+    try:
+        with urllib.request.urlopen(upstream.rstrip("/") + "/v1/models", timeout=MODELS_SECONDS) as answer:
+            data = json.loads(answer.read(1 << 20)).get("data")
+    except urllib.error.HTTPError as exc:
+        return "MODEL", f"GET /v1/models answered {exc.code}"
+    except (OSError, ValueError, AttributeError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        return "MODEL", f"GET /v1/models: {getattr(reason, 'strerror', None) or reason}"
+    ids = [item["id"] for item in data if isinstance(item, dict) and isinstance(item.get("id"), str)] if isinstance(
+        data, list
+    ) else []
+    return (ids[0], "") if ids else ("MODEL", "GET /v1/models lists no model")
+
+
+def _banner(port: int, admin_port: int, upstream: str, model: tuple[str, str]) -> str:
+    """The hints: for the fake, its model and a fault to try; for UPSTREAM, its own first model (or why
+    none could be read: a dead upstream is said here and logged as upstream_down)."""
+    name, why_not = model
+    body = json.dumps({"model": name, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+                      separators=(",", ":"))
+    chat = "'" + body.replace("'", "'\\''") + "'"  # a shell word, whatever the id holds (JSON escapes controls)
+    fault = (
+        f"  curl -N http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-H 'x-fault: stray_503' \\\n    -d {chat}\n"
+        if name == "demo" and not why_not else ""
+    )
+    down = (
+        f"upstream:     {why_not}: requests get an error until it answers (the log says upstream_down/upstream_up)\n"
+        if why_not else ""
+    )
     return f"""\
 streamwarden: http://127.0.0.1:{port}  ->  {upstream}
 admin:        http://127.0.0.1:{admin_port}/metrics  /healthz  /readyz
-
+{down}
 Try:
   curl -N http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: application/json' \\
     -d {chat}
-  curl -N http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: application/json' -H 'x-fault: stray_503' \\
-    -d {chat}
-  export OPENAI_BASE_URL=http://127.0.0.1:{port}/v1 OPENAI_API_KEY=unused
+{fault}  export OPENAI_BASE_URL=http://127.0.0.1:{port}/v1 OPENAI_API_KEY=unused
   export ANTHROPIC_BASE_URL=http://127.0.0.1:{port} ANTHROPIC_API_KEY=unused
 Stop with Ctrl-C (it drains open streams; Ctrl-C again to stop now)."""
 

@@ -107,7 +107,7 @@ def _vllm(folder: Path) -> Iterator[str]:
 
 def refresh(names: list[str]) -> None:
     """Run the check against each backend started the way its tier starts it."""
-    sys.path.insert(0, str(ROOT / "tests" / "real"))
+    sys.path[:0] = [str(ROOT / "tests" / "real"), str(ROOT / "tests")]  # the tier's helpers import `support`
     for name in names:
         serve = _llama if name == "llama-server" else _vllm
         with tempfile.TemporaryDirectory() as folder, serve(Path(folder)) as url:

@@ -49,7 +49,12 @@ async def make_proxy(fake_upstream: FakeUpstream) -> AsyncIterator[ProxyFactory]
     started: list[Server] = []
 
     async def start(**overrides: Any) -> Proxy:
-        config = Config(upstream=overrides.pop("upstream", fake_upstream.url), host="127.0.0.1", port=0, admin_port=0)
+        # --health-interval 0 unless a test asks for it: no probe at start or while idle, so what reaches a
+        # test's upstream is only what the test sent (tests/loopback/test_upstream_state_log.py turns it on)
+        config = Config(
+            upstream=overrides.pop("upstream", fake_upstream.url), host="127.0.0.1", port=0, admin_port=0,
+            health_interval=0.0,
+        )
         config = dataclasses.replace(config, **overrides)
         log = io.StringIO()
         state = build_state(config, logger=make_logger("json", "debug", log))

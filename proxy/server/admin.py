@@ -4,6 +4,7 @@ upstream's (a backend's own /metrics or /health stays reachable through the prox
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from aiohttp import web
 from proxy.exchange.state import ProxyState
 from proxy.observe.metrics import CONTENT_TYPE_LATEST
 
-__all__ = ["PROBE_CACHE_SECONDS", "PROBE_TIMEOUT_SECONDS", "UpstreamProbe", "build_admin_app"]
+__all__ = ["PROBE_CACHE_SECONDS", "PROBE_TIMEOUT_SECONDS", "UpstreamProbe", "begin_watch", "build_admin_app"]
 
 PROBE_TIMEOUT_SECONDS = 2.0
 PROBE_CACHE_SECONDS = 2.0
@@ -62,15 +63,33 @@ class UpstreamProbe:
         self._up = False
         self._known: bool | None = None  # the state last logged; None before the first probe
         self._lock = asyncio.Lock()
+        self._probes = 0  # probes begun: a caller that waited for the lock during one shares its answer
+        self.watching: asyncio.Task[None] | None = None  # `begin_watch`'s
 
-    async def is_up(self) -> bool:
+    async def is_up(self, max_age: float | None = None) -> bool:
+        """Up or not, probing when the last answer is older than ``max_age``. Asked (/readyz, /metrics:
+        no ``max_age``), an up answer is kept PROBE_CACHE_SECONDS and a down one not at all: an upstream
+        that came up after the probe at start is ready at the next ask, not 2 s later."""
+        asked = max_age is None
+        max_age = PROBE_CACHE_SECONDS if max_age is None else max_age
+        probes = self._probes
         async with self._lock:  # one probe at a time; callers during it share its answer
-            if time.monotonic() - self._checked_at >= PROBE_CACHE_SECONDS:
+            shared = self._probes != probes
+            stale = time.monotonic() - self._checked_at >= max_age or (asked and not self._up)
+            if stale and not shared:
+                self._probes += 1
                 self._up, cause = await self._probe()
                 self._checked_at = time.monotonic()
                 self.state.metrics.upstream_up.set(1 if self._up else 0)
                 self._log_transition(cause)
             return self._up
+
+    async def watch(self, interval: float) -> None:
+        """Probe at once (a dead upstream is logged at start, not at the first request), then whenever no
+        probe ran for ``interval`` seconds (/readyz and /metrics probe too); 0: never (only when asked)."""
+        while interval > 0:
+            await self.is_up(max_age=interval)
+            await asyncio.sleep(max(0.0, self._checked_at + interval - time.monotonic()))
 
     def _log_transition(self, cause: str) -> None:
         """One line per change of the upstream's state, at warning (so `--log-level warning` keeps it):
@@ -163,12 +182,31 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+def begin_watch(app: web.Application) -> None:
+    """The upstream probed at start and while idle (``--health-interval``), from now on: called once the
+    ports listen and the `started` line is (about to be) written, so a dead upstream's line follows it."""
+    probe = app[PROBE]
+    if probe.watching is None:
+        interval = app[ADMIN_STATE].config.health_interval
+        probe.watching = asyncio.get_running_loop().create_task(probe.watch(interval))
+
+
+async def _end_watch(app: web.Application) -> None:
+    """``on_cleanup`` (a plain coroutine: compiled code has no async generators): the watch stops."""
+    task = app[PROBE].watching
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def build_admin_app(state: ProxyState, workers: WorkerCount | None = None) -> web.Application:
     app = web.Application()
     app[ADMIN_STATE] = state
     if workers is not None:
         app[WORKERS] = workers
     app[PROBE] = UpstreamProbe(state)
+    app.on_cleanup.append(_end_watch)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)

@@ -26,6 +26,7 @@ from proxy import __version__
 from proxy.config import Config
 from proxy.exchange.state import ProxyState
 from proxy.observe.metrics import keep_values_in_memory
+from proxy.server.admin import begin_watch
 from proxy.server.app import (
     build_admin_app,
     build_main_server,
@@ -138,6 +139,8 @@ class Server:
         hold = getattr(self.logger, "hold_lines", None)
         if hold is not None:  # `proxy.observe.logs.Logger`: the lines of one loop turn in one write
             hold(loop)
+        if self._admin is not None:
+            begin_watch(self.admin_app)  # its first probe runs after `run`'s started line
 
     async def _close_after_failed_start(self) -> None:
         """What `start` opened before it failed, closed, so nothing warns about it at exit."""
@@ -241,11 +244,12 @@ class Server:
             upstream=self.config.redacted_upstream(),
             listen=f"{self.config.host}:{main_port}",
             admin=f"{self.config.admin_listen_host}:{admin_port}" if admin_port is not None else None,
-            settings={k: v for k, v in _settings(self.config).items() if k != "upstream"},
             nofile_soft_before=fd_limits[0] if fd_limits else None,
             nofile=fd_limits[1] if fd_limits else None,
             max_client_connections=self.max_connections,
         )
+        # every setting, at debug: the started line stays short enough to read in a terminal
+        self.logger.debug("settings", settings={k: v for k, v in _settings(self.config).items() if k != "upstream"})
         if self.max_connections < self.config.max_client_connections:
             self.logger.warning(
                 "max_client_connections_lowered",

@@ -41,7 +41,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from proxy import __version__
 from proxy.config import Config
 from proxy.observe.metrics import Metrics, ModelLabels
-from proxy.server.admin import build_admin_app
+from proxy.server.admin import begin_watch, build_admin_app
 from proxy.server.app import build_state, open_upstream_session
 from proxy.server.serve import DRAINING_HINT, StartupError, listen_error
 from proxy.workers.metrics_dir import MetricsDir, sweep_stale
@@ -171,6 +171,7 @@ class Supervisor:
             admin=f"{cfg.admin_listen_host}:{admin_port}", workers=len(self.slots), pid=os.getpid(),
             metrics_dir=self.multiprocess_dir,
         )
+        begin_watch(self._admin.app)
         try:
             for slot in self.slots:
                 slot.task = asyncio.ensure_future(self._keep(slot))

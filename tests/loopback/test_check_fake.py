@@ -7,13 +7,17 @@ import pytest
 from aiohttp import web
 from support import AiohttpServer, ServeUpstream
 
+from proxy.tools.check.abandon import probe_stops_generation
+from proxy.tools.check.backends import BACKENDS
+from proxy.tools.check.client import Upstream
 from proxy.tools.check.options import CheckOptions
+from proxy.tools.check.probes import Context
 from proxy.tools.check.report import PROBE_IDS, Report
 from proxy.tools.check.run import NoModel, run_check
 from proxy.tools.fake import FakeSettings, build_app
 from proxy.tools.fake.quirks import QUIRKS
 
-RATE = 200.0  # content events per second: an abandoned stream of the abort probes is still running at the close
+RATE = 1000.0  # content events per second: an abandoned stream of the abort probes (4096) runs 4 s, past the close
 
 
 async def check(aiohttp_server: AiohttpServer, quirk: str | None = None) -> Report:
@@ -116,3 +120,32 @@ async def test_a_generating_health_check_is_preferred(aiohttp_server: AiohttpSer
     assert health is not None
     assert (health.result, health.flags) == ("ok", ("--health-path /health_generate",))
     assert "/health 200, /health_generate 200, /v1/models 200" in health.detail
+
+
+async def test_a_generation_over_before_the_close_is_unknown(serve_upstream: ServeUpstream) -> None:
+    """A backend that generated the whole answer before the check had read its first events (vLLM's tiny
+    model beside a CPU hog, issue 35): nothing was running at the close, so the full count is no run-on,
+    and neither abandonment probe calls it a quirk or recommends a hook."""
+    books = {"generated": 0, "asked": 0}
+
+    async def backend(request: web.Request) -> web.StreamResponse:
+        if request.path == "/metrics":
+            text = f"fake_upstream:generation_tokens_total {books['generated']}\nfake_upstream:requests_running 0\n"
+            return web.Response(text=text)
+        body = await request.json()
+        books["asked"] = body["max_tokens"]
+        books["generated"] += body["max_tokens"]  # all of it, before the first event is read
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(16):
+            await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":"w%d "}}]}\n\n' % i)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    url = await serve_upstream(backend)
+    async with Upstream(url, api_key=None, timeout=10.0) as upstream:
+        ctx = Context(upstream, "m", backend=BACKENDS[-1], context_length=131072)
+        plain = await probe_stops_generation(ctx)
+        assert (plain.result, plain.flags) == ("unknown", ()), plain
+        assert "over before the client's close" in plain.detail
+        assert books["asked"] == 4096  # a generation far longer than a close takes

@@ -12,6 +12,7 @@ import dataclasses
 import io
 import re
 import signal
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -312,7 +313,7 @@ async def test_started_line_redacts_the_upstream_password() -> None:
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(server.run())
     try:
-        await until(lambda: "started" in stream.getvalue())
+        await until(lambda: "upstream_down" in stream.getvalue())  # the probe at start: nothing listens on 9
         server.request_stop()
         await asyncio.wait_for(task, 10)
     finally:
@@ -320,9 +321,66 @@ async def test_started_line_redacts_the_upstream_password() -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     lines = [orjson.loads(text) for text in stream.getvalue().splitlines()]
-    assert [line["event"] for line in lines] == ["started", "draining", "stopped"]
-    assert lines[0]["upstream"] == "http://user:***@127.0.0.1:9"
+    assert [line["event"] for line in lines] == ["started", "upstream_down", "draining", "stopped"]
+    assert lines[0]["upstream"] == lines[1]["upstream"] == "http://user:***@127.0.0.1:9"
     assert_no_secret(stream.getvalue())
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+async def test_the_console_started_line_is_short_and_the_settings_are_at_debug(level: str) -> None:
+    """Issue 35: the console's started line was one 963-character line of settings. It says what a reader
+    needs at once (version, upstream, ports); every setting is one `settings` line at debug."""
+    config = Config(upstream="http://127.0.0.1:9", host="127.0.0.1", port=0, admin_port=0, health_interval=0.0)
+    stream = io.StringIO()
+    server = Server(config, build_state(config, logger=make_logger("console", level, stream)))
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(server.run())
+    try:
+        await until(lambda: " started " in stream.getvalue())
+        server.request_stop()
+        await asyncio.wait_for(task, 10)
+    finally:
+        task.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    lines = stream.getvalue().splitlines()
+    [started] = [line for line in lines if " started " in line]
+    assert len(started) <= 300, started
+    assert "upstream=http://127.0.0.1:9" in started
+    assert "idle_timeout" not in started
+    settings = [line for line in lines if " settings " in line]
+    if level == "debug":
+        [line] = settings
+        assert "'idle_timeout': 120.0" in line
+    else:
+        assert settings == []
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_sample_line() -> dict[str, Any]:
+    text = README.read_text()
+    start = text.index("```json", text.index("<!-- sample log line:")) + len("```json")
+    sample: dict[str, Any] = orjson.loads(text[start : text.index("```", start)])
+    return sample
+
+
+async def test_the_readmes_sample_line_has_a_real_lines_fields(proxy: Proxy, http: aiohttp.ClientSession) -> None:
+    """The README shows one request line (issue 35: one had to run the proxy to see one): its fields are
+    those of a real streamed chat's line, none missing, none made up."""
+    sample = readme_sample_line()
+    body = {"model": "demo", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"X-Request-Id": "readme-sample"}
+    async with http.post(proxy.url + "/v1/chat/completions", json=body, headers=headers) as resp:
+        assert resp.status == 200
+        await resp.read()
+    line = await proxy.line_for("readme-sample")
+    assert sorted(sample) == sorted(line)
+    assert {k: line[k] for k in ("api", "outcome", "reason", "usage_source", "level")} == {
+        k: sample[k] for k in ("api", "outcome", "reason", "usage_source", "level")
+    }
 
 
 # --- console format -------------------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ The probe's 2 s cache is set to 0 here so that every /readyz probes again: no te
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 from aiohttp import web
-from support import ProxyFactory, ServeUpstream
+from support import WAIT, ProxyFactory, ServeUpstream, until
 from support.ports import free_port
 
 from proxy.server import admin
@@ -62,6 +64,74 @@ async def test_an_upstream_down_from_the_start_is_logged_with_the_os_error(make_
     assert down["level"] == "warning"
     assert down["cause"] == "GET /v1/models: Connection refused"
     assert proxy.log_lines(event="upstream_up") == []
+
+
+async def test_an_upstream_down_at_start_is_logged_before_any_request_or_probe(make_proxy: ProxyFactory) -> None:
+    """`make run UPSTREAM=http://127.0.0.1:9` (issue 35): the start's own probe logs the dead upstream at
+    once; nothing asks /readyz and no request comes."""
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{free_port()}", health_interval=10.0)  # the default
+    await until(lambda: bool(proxy.log_lines(event="upstream_down")))
+    [down] = proxy.log_lines(event="upstream_down")
+    assert down["cause"] == "GET /v1/models: Connection refused"
+    assert proxy.sample("streamwarden_upstream_up") == 0
+
+
+async def test_an_idle_proxy_probes_on_the_health_interval(
+    make_proxy: ProxyFactory, serve_upstream: ServeUpstream
+) -> None:
+    """Nothing asks /readyz and no request comes: the upstream's fall and return are logged all the same."""
+    health = {"status": 200, "probes": 0}
+
+    async def upstream(request: web.Request) -> web.Response:
+        health["probes"] += 1
+        return web.json_response({"object": "list", "data": []}, status=health["status"])
+
+    proxy = await make_proxy(upstream=await serve_upstream(upstream), health_interval=0.05)
+    await until(lambda: health["probes"] >= 1)  # the probe at start
+    health["status"] = 503
+    await until(lambda: bool(proxy.log_lines(event="upstream_down")))
+    health["status"] = 200
+    await until(lambda: bool(proxy.log_lines(event="upstream_up")))
+    assert len(proxy.log_lines(event="upstream_down")) == 1
+    [up] = proxy.log_lines(event="upstream_up")
+    assert up["came_back"] is True
+
+
+async def test_an_upstream_up_after_the_start_probe_is_ready_at_the_next_ask(
+    make_proxy: ProxyFactory, serve_upstream: ServeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy starts beside its backend (a pod, `make run`): the probe at start finds it down. Once it
+    answers, /readyz says ready at once: a down answer is not kept (an up one is, PROBE_CACHE_SECONDS)."""
+    monkeypatch.setattr(admin, "PROBE_CACHE_SECONDS", 600.0)
+    health = {"status": 503}
+
+    async def upstream(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": []}, status=health["status"])
+
+    proxy = await make_proxy(upstream=await serve_upstream(upstream), health_interval=10.0)
+    await until(lambda: bool(proxy.log_lines(event="upstream_down")))
+    health["status"] = 200
+    assert await readyz(proxy.admin_url) == 200
+    health["status"] = 503
+    assert await readyz(proxy.admin_url) == 200  # up is kept for PROBE_CACHE_SECONDS
+
+
+async def test_a_zero_health_interval_probes_only_when_asked(
+    make_proxy: ProxyFactory, serve_upstream: ServeUpstream
+) -> None:
+    probes = []
+
+    async def upstream(request: web.Request) -> web.Response:
+        probes.append(request.path)
+        return web.json_response({"object": "list", "data": []})
+
+    proxy = await make_proxy(upstream=await serve_upstream(upstream), health_interval=0.0)
+    watch = proxy.server.admin_app[admin.PROBE].watching
+    assert watch is not None
+    await asyncio.wait_for(asyncio.shield(watch), WAIT)  # it returned at once, without a probe
+    assert (watch.done(), watch.cancelled(), probes) == (True, False, [])
+    assert await readyz(proxy.admin_url) == 200
+    assert probes == ["/v1/models"]
 
 
 async def test_a_connect_failed_request_line_says_why(make_proxy: ProxyFactory) -> None:

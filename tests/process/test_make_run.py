@@ -8,6 +8,8 @@ because make adds its own `*** Error 2` line to any failed recipe.
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
 import os
 import re
 import selectors
@@ -16,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +147,22 @@ def test_a_proxy_that_cannot_start_is_its_one_line_and_no_banner() -> None:
     assert "Stop with Ctrl-C" not in done.stdout
 
 
+@pytest.mark.parametrize(
+    ("upstream", "line"),
+    [
+        ("http://127.0.0.1:9/v1", "streamwarden serve: error: argument --upstream: expected the backend's root URL, "
+         "without /v1 (the clients' paths carry it: write http://127.0.0.1:9), got 'http://127.0.0.1:9/v1'"),
+    ],
+)
+def test_a_bad_upstream_value_is_its_one_line_and_no_usage_block(upstream: str, line: str) -> None:
+    """`make run UPSTREAM=.../v1` (issue 35): the one line that matters, not 20 lines of usage above it."""
+    port, admin, fake = free_ports(3)
+    done = launch(launcher_env(port, admin, fake, upstream=upstream))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [line]
+    assert "Stop with Ctrl-C" not in done.stdout
+
+
 def test_sigterm_to_the_launcher_drains_and_stops_both() -> None:
     port, admin, fake = free_ports(3)
     launcher = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "run.py")], env=launcher_env(port, admin, fake),
@@ -164,6 +183,76 @@ def test_sigterm_to_the_launcher_drains_and_stops_both() -> None:
         for stream in (launcher.stdout, launcher.stderr):
             if stream is not None:
                 stream.close()
+
+
+@contextlib.contextmanager
+def models_upstream(models: list[str]) -> Iterator[str]:
+    """A backend that answers GET /v1/models with `models` (and nothing else), on a free port."""
+    body = json.dumps({"object": "list", "data": [{"id": name, "object": "model"} for name in models]}).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = 200 if self.path == "/v1/models" else 404
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body) if status == 200 else 0))
+            self.end_headers()
+            if status == 200:
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(WAIT)
+
+
+def banner_of(upstream: str) -> tuple[str, str]:
+    """The launcher's banner in front of `upstream`, and its stderr after a SIGTERM."""
+    port, admin, fake = free_ports(3)
+    launcher = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "run.py")],
+                                env=launcher_env(port, admin, fake, upstream=upstream),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        banner = read_until(launcher, "Stop with Ctrl-C")
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(WAIT)
+        assert launcher.stderr is not None
+        return banner, launcher.stderr.read().decode()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()
+        for stream in (launcher.stdout, launcher.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_with_upstream_the_hints_name_its_first_model_not_the_fakes() -> None:
+    """`make run UPSTREAM=...` (issue 35): the curl asks for the upstream's own model, no fake fault."""
+    with models_upstream(["Qwen/Qwen2.5-1.5B-Instruct", "other"]) as upstream:
+        banner, _ = banner_of(upstream)
+    assert '"model":"Qwen/Qwen2.5-1.5B-Instruct"' in banner
+    assert "x-fault" not in banner
+    assert '"model":"demo"' not in banner
+    assert "upstream:" not in banner  # it answered
+
+
+def test_with_a_dead_upstream_the_banner_and_the_log_say_so_at_once() -> None:
+    """`make run UPSTREAM=http://127.0.0.1:9` (issue 35): not the fake's hints as if all were well."""
+    [dead] = free_ports(1)
+    banner, log = banner_of(f"http://127.0.0.1:{dead}")
+    assert "upstream:     GET /v1/models: Connection refused: requests get an error until it answers" in banner
+    assert '"model":"MODEL"' in banner
+    assert "x-fault" not in banner
+    assert "upstream_down" in log  # the proxy's probe at start, before any request
 
 
 # --- the virtualenv's Python ------------------------------------------------------------------------------

@@ -137,6 +137,7 @@ class VllmServer(BackendProcess):
             "float32",
             "--seed",
             "42",
+            "--enable-force-include-usage",  # as docs/vllm.md's recipe and the manifests: usage is vLLM's own
             *extra,
         ]
         return cls.launch(args, port, log, model, within=within, env={**os.environ, **ENV})

@@ -67,8 +67,11 @@ class ServeProcess:
 
     def _spawn(self) -> None:
         self.port, self.admin_port = free_port(), free_port()
+        # --health-interval 0 unless a test gives it (a later flag wins): no probe at start or while idle,
+        # so a raw upstream sees only the connections the test's requests make
         argv = [PY, "-m", "proxy", "serve", "--upstream", self._upstream, "--host", "127.0.0.1",
-                "--port", str(self.port), "--admin-port", str(self.admin_port), *self._flags]
+                "--port", str(self.port), "--admin-port", str(self.admin_port), "--health-interval", "0",
+                *self._flags]
         nofile = self._nofile
 
         def limit_fds() -> None:

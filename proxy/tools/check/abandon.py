@@ -6,6 +6,14 @@ idle, note the counter, stream a long answer, close after a few content events, 
 again, and compare what it generated with what had arrived. Without such a counter the answer is
 ``unknown``; the check never calls an abort or cancel API itself (it changes nothing on the backend),
 so a generation that runs on is waited for (its length is bounded by the probe's ``max_tokens``).
+
+The answer asked for is long (up to ABANDON_TOKENS, as the context allows): seconds of generation even
+for a tiny model on a CPU, longer than a close takes to land even on a loaded machine, so the close,
+not the answer's end, is what stops it, and stopped is told from went on by whether the answer ran to
+its end (``verdicts.judge_abort``), not by how soon it stopped. Just before the close the check reads
+the backend's gauge of running requests: at 0 the generation was over already (the backend generated
+faster than a busy client read), and a full count afterwards says nothing about the close, so the
+probe says ``unknown``, never ``quirk``.
 """
 
 from __future__ import annotations
@@ -26,11 +34,13 @@ from proxy.tools.check.report import FAIL, OK, QUIRK, UNKNOWN, Finding
 from proxy.tools.check.requests import DIALECTS, PROMPT, chat_body, content_of
 from proxy.tools.check.verdicts import judge_abort, judge_prefill, message_of, prefill_cut
 
-__all__ = ["probe_conversation_replay", "probe_prefill", "probe_stops_generation"]
+__all__ = ["abandon_tokens", "probe_conversation_replay", "probe_prefill", "probe_stops_generation"]
 
-ABANDON_TOKENS = 192  # the stream's max_tokens: a run to its end is unmistakable, and bounded
+ABANDON_TOKENS = 4096  # the stream's max_tokens where the context allows: a run to its end is unmistakable
+ABANDON_FALLBACK = 512  # ... where the backend announces no context length
+CONTEXT_MARGIN = 128  # tokens of the context kept for the prompt and its template
 RECEIVED = 8  # content events read before the close
-SETTLE_TIMEOUT = 90.0  # seconds for the backend to be idle again (a run-on of ABANDON_TOKENS included)
+SETTLE_TIMEOUT = 140.0  # seconds for the backend to be idle again (a run-on of ABANDON_TOKENS included)
 POLL = 0.1
 CONVERSATION_HEADER = "X-Conversation-Id"
 _CHAT = DIALECTS["chat_completions"]
@@ -89,11 +99,27 @@ async def _chat_stream(
     raise AssertionError("unreachable")  # the second attempt always returns
 
 
-async def _abandon(ctx: Context, headers: dict[str, str] | None) -> tuple[int, float]:
-    """Stream, close after RECEIVED content events; (events received, tokens the backend generated)."""
+def abandon_tokens(context_length: int | None) -> int:
+    """The abandoned stream's max_tokens: ABANDON_TOKENS, less where the context is smaller."""
+    if context_length is None:
+        return ABANDON_FALLBACK
+    return max(RECEIVED * 4, min(ABANDON_TOKENS, context_length - CONTEXT_MARGIN))
+
+
+async def _running(ctx: Context) -> float:
+    backend = ctx.backend
+    assert backend is not None
+    return metric_sum(await _metrics(ctx), backend.running) or 0.0
+
+
+async def _abandon(ctx: Context, headers: dict[str, str] | None, max_tokens: int) -> tuple[int, float, bool]:
+    """Stream, close after RECEIVED content events; (events received, tokens the backend generated,
+    whether the generation was still running when the check closed)."""
     before = await _idle_count(ctx)
+    running_at_close = False
 
     async def read_some(stream: Stream, items: AsyncIterator[Event | StatusBlock]) -> int:
+        nonlocal running_at_close
         received = 0
         async for item in items:
             if stream.status != 200:
@@ -101,15 +127,16 @@ async def _abandon(ctx: Context, headers: dict[str, str] | None) -> tuple[int, f
             if isinstance(item, Event) and item.has_data and content_of("chat_completions", _json(item)):
                 received += 1
                 if received >= RECEIVED:
+                    running_at_close = await _running(ctx) > 0
                     break
         if stream.status != 200:
             raise _NotMeasured(FAIL, f"the stream was answered {stream.status}: {message_of(stream.body)}")
         return received
 
-    received = await _chat_stream(ctx, chat_body(ctx.model, ABANDON_TOKENS, stream=True), read_some, headers)
+    received = await _chat_stream(ctx, chat_body(ctx.model, max_tokens, stream=True), read_some, headers)
     if received < RECEIVED:
         raise _NotMeasured(UNKNOWN, f"the stream ended after {received} content events, before the close")
-    return received, await _idle_count(ctx) - before
+    return received, await _idle_count(ctx) - before, running_at_close
 
 
 def _json(event: Event) -> Any:
@@ -125,13 +152,14 @@ async def probe_stops_generation(ctx: Context) -> Finding:
             "abort.stops_generation", UNKNOWN,
             "no generated-token counter in the backend's /metrics (llamacpp:, vllm:, sglang:) to measure with",
         )  # fmt: skip
+    max_tokens = abandon_tokens(ctx.context_length)
     try:
-        received, generated = await _abandon(ctx, None)
+        received, generated, running = await _abandon(ctx, None, max_tokens)
     except _NotMeasured as exc:
         return Finding("abort.stops_generation", exc.result, exc.detail)
     except Unreachable as exc:
         return Finding("abort.stops_generation", FAIL, f"no answer: {exc}")
-    result, detail, went_on = judge_abort(received, generated, ABANDON_TOKENS)
+    result, detail, went_on = judge_abort(received, generated, max_tokens, running_at_close=running)
     flags: tuple[str, ...] = ()
     if went_on:
         hook = ctx.backend.abort_hook
@@ -155,14 +183,15 @@ async def probe_conversation_replay(ctx: Context, plain: Finding | None) -> Find
             f"(abort.stops_generation: {state})",
         )  # fmt: skip
     conversation = f"streamwarden-check-{uuid.uuid4().hex[:12]}"
+    max_tokens = abandon_tokens(ctx.context_length)
     try:
-        received, generated = await _abandon(ctx, {CONVERSATION_HEADER: conversation})
+        received, generated, running = await _abandon(ctx, {CONVERSATION_HEADER: conversation}, max_tokens)
     except _NotMeasured as exc:
         return Finding("abort.conversation_replay", exc.result, exc.detail)
     except Unreachable as exc:
         return Finding("abort.conversation_replay", FAIL, f"no answer: {exc}")
     what = f"the close with {CONVERSATION_HEADER}"
-    result, detail, went_on = judge_abort(received, generated, ABANDON_TOKENS, what=what)
+    result, detail, went_on = judge_abort(received, generated, max_tokens, what=what, running_at_close=running)
     if went_on:
         return Finding(
             "abort.conversation_replay", QUIRK,

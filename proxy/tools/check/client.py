@@ -25,7 +25,7 @@ from proxy.core.sse import Event, SSEReader, StatusBlock
 
 __all__ = ["MAX_BODY", "MAX_EVENTS", "Overflow", "Reply", "Stream", "Unreachable", "Upstream", "error_message"]
 
-MAX_BODY = 16 * 1024 * 1024  # bytes of one answer or stream: a probe asks for 8-192 tokens
+MAX_BODY = 16 * 1024 * 1024  # bytes of one answer or stream: a probe asks for 8-2048 tokens
 MAX_EVENTS = 20_000  # events of one stream (each is a Python object: bytes alone would not bound memory)
 
 

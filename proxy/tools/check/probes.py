@@ -46,6 +46,7 @@ class Context:
     served: dict[str, bool] = field(default_factory=dict)  # dialect -> answered 2xx
     metrics_text: str | None = None
     backend: Backend | None = None
+    context_length: int | None = None  # what the backend announces (set by the context overflow probe)
 
 
 async def probe_dialect(ctx: Context, dialect: str) -> Finding:
@@ -141,6 +142,7 @@ async def probe_context_overflow(ctx: Context) -> Finding:
     except Unreachable:
         props = None
     length = context_length(ctx.models_body, props)
+    ctx.context_length = length
     if length is None:
         return Finding(
             "errors.context_overflow", UNKNOWN,

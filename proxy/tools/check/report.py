@@ -115,9 +115,12 @@ class Report:
 
     @property
     def recommended_flags(self) -> list[str]:
-        """Every finding's flags, once each, in probe order."""
+        """Every finding's flags, once each, in probe order; none from an ``unknown`` (a probe that could
+        not tell recommends nothing)."""
         seen: dict[str, None] = {}
         for finding in self.probes:
+            if finding.result == UNKNOWN:
+                continue
             for flag in finding.flags:
                 seen.setdefault(flag, None)
         return list(seen)
