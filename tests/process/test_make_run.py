@@ -77,6 +77,16 @@ def read_until(proc: subprocess.Popen[bytes], marker: str) -> str:
 
 
 @pytest.mark.skipif(MAKE is None, reason="make is not installed")
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """A launcher that a test ended (or that failed it) killed if still running, waited for, its pipes closed."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def test_killing_make_stops_the_proxy_and_the_fake() -> None:
     port, admin, fake = free_ports(3)
     assert MAKE is not None
@@ -177,12 +187,7 @@ def test_sigterm_to_the_launcher_drains_and_stops_both() -> None:
         assert "stopped" in log
         assert "Traceback" not in log
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        launcher.wait()
-        for stream in (launcher.stdout, launcher.stderr):
-            if stream is not None:
-                stream.close()
+        reap(launcher)
 
 
 @contextlib.contextmanager
@@ -227,12 +232,7 @@ def banner_of(upstream: str) -> tuple[str, str]:
         assert launcher.stderr is not None
         return banner, launcher.stderr.read().decode()
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        launcher.wait()
-        for stream in (launcher.stdout, launcher.stderr):
-            if stream is not None:
-                stream.close()
+        reap(launcher)
 
 
 def test_with_upstream_the_hints_name_its_first_model_not_the_fakes() -> None:
