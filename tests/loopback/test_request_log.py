@@ -12,6 +12,7 @@ import dataclasses
 import io
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from support.ports import free_port
 
 from proxy.config import Config
 from proxy.observe.books import log_level
-from proxy.observe.logs import make_logger
+from proxy.observe.logs import Logger, make_logger
 from proxy.server.app import build_state
 from proxy.server.serve import Server
 
@@ -306,21 +307,26 @@ async def test_upstream_password_and_a_client_authorization_header(
     assert (status, line["status"], line["outcome"]) == (200, 200, "ok")
 
 
-async def test_started_line_redacts_the_upstream_password() -> None:
-    config = Config(upstream=f"http://user:{PASSWORD}@127.0.0.1:9", host="127.0.0.1", port=0, admin_port=0)
-    stream = io.StringIO()
-    server = Server(config, build_state(config, logger=make_logger("json", "info", stream)))
+async def serve_until(config: Config, logger: Logger, ready: Callable[[], bool]) -> None:
+    """A whole Server run writing to `logger`: started, then stopped as soon as `ready()` holds."""
+    server = Server(config, build_state(config, logger=logger))
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(server.run())
     try:
-        await until(lambda: "upstream_down" in stream.getvalue())  # the probe at start: nothing listens on 9
+        await until(ready)
         server.request_stop()
         await asyncio.wait_for(task, 10)
     finally:
         task.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    lines = [orjson.loads(text) for text in stream.getvalue().splitlines()]
+
+
+async def test_started_line_redacts_the_upstream_password() -> None:
+    config = Config(upstream=f"http://user:{PASSWORD}@127.0.0.1:9", host="127.0.0.1", port=0, admin_port=0)
+    stream = io.StringIO()
+    await serve_until(config, make_logger("json", "info", stream), lambda: "upstream_down" in stream.getvalue())
+    lines = [orjson.loads(text) for text in stream.getvalue().splitlines()]  # (upstream_down: the start's probe)
     assert [line["event"] for line in lines] == ["started", "upstream_down", "draining", "stopped"]
     assert lines[0]["upstream"] == lines[1]["upstream"] == "http://user:***@127.0.0.1:9"
     assert_no_secret(stream.getvalue())
@@ -332,17 +338,7 @@ async def test_the_console_started_line_is_short_and_the_settings_are_at_debug(l
     needs at once (version, upstream, ports); every setting is one `settings` line at debug."""
     config = Config(upstream="http://127.0.0.1:9", host="127.0.0.1", port=0, admin_port=0, health_interval=0.0)
     stream = io.StringIO()
-    server = Server(config, build_state(config, logger=make_logger("console", level, stream)))
-    loop = asyncio.get_running_loop()
-    task = asyncio.create_task(server.run())
-    try:
-        await until(lambda: " started " in stream.getvalue())
-        server.request_stop()
-        await asyncio.wait_for(task, 10)
-    finally:
-        task.cancel()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+    await serve_until(config, make_logger("console", level, stream), lambda: " started " in stream.getvalue())
     lines = stream.getvalue().splitlines()
     [started] = [line for line in lines if " started " in line]
     assert len(started) <= 300, started
