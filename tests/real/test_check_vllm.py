@@ -5,7 +5,6 @@ report committed for docs/reference.md (docs/check/vllm.json) still holds for th
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -52,7 +51,4 @@ async def test_check_gives_the_same_verdicts_beside_a_cpu_hog(vllm_server: VllmS
     """Issue 35: on a busy machine `check` called vLLM's abandonment a quirk in some runs (the short
     answer was over before the close landed). Three runs beside `stress-ng --cpu 2`: the verdicts above
     each time, and no flag an `unknown` would have recommended."""
-    save = Path(os.environ.get("STREAMWARDEN_CHECK_REPORTS", tmp_path)) / "vllm"
-    reports = await checked_beside_a_cpu_hog(vllm_server.url, EXPECTED, save)
-    for report in reports:
-        assert_committed(report, "vllm.json")
+    await checked_beside_a_cpu_hog(vllm_server.url, EXPECTED, "vllm.json", tmp_path / "vllm")

@@ -77,20 +77,22 @@ def _save(path: Path, report: Report) -> None:
     path.write_bytes(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
 
 
-async def checked_beside_a_cpu_hog(url: str, expected: dict[str, str], save: Path | None = None) -> list[Report]:
-    """RUNS reports on `url` with every CPU busy, each with the verdicts `expected` (the same each time);
-    with `save`, each run's JSON report is written there (run-1.json, ...) for a reader to compare."""
+async def checked_beside_a_cpu_hog(url: str, expected: dict[str, str], committed: str, save: Path) -> None:
+    """RUNS reports on `url` with every CPU busy, each with the verdicts `expected` (the same each time)
+    and the flags docs/check/`committed` holds; each run's JSON report is written to `save` (run-1.json,
+    ...; under $STREAMWARDEN_CHECK_REPORTS when set) for a reader to compare."""
+    kept = os.environ.get("STREAMWARDEN_CHECK_REPORTS")
+    save = Path(kept) / save.name if kept else save
     reports = []
     with cpu_hog():
         for run in range(1, RUNS + 1):
             report = await run_check(CheckOptions(url, timeout=60.0))
             print(f"\nrun {run} beside stress-ng --cpu {HOG_CPUS}:")
             print("\n".join(f"{f.id}: {f.result}: {f.detail}" for f in report.probes))
-            if save is not None:
-                _save(save / f"run-{run}.json", report)
+            _save(save / f"run-{run}.json", report)
             reports.append(report)
     for report in reports:
         assert [f.id for f in report.probes] == list(PROBE_IDS)
         assert {f.id: f.result for f in report.probes} == expected
+        assert_committed(report, committed)
     assert len({tuple(r.recommended_flags) for r in reports}) == 1
-    return reports
