@@ -169,7 +169,7 @@ def _table(out: str, title: str) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed (apt-get install nginx)")
 @pytest.mark.timeout(180)  # a subprocess that starts the fake, nginx and streamwarden per scenario
-def test_bench_quick_measures_direct_nginx_and_streamwarden(tmp_path: Path) -> None:
+def test_bench_quick_measures_direct_nginx_the_floor_and_streamwarden(tmp_path: Path) -> None:
     out_json = tmp_path / "bench.json"
     done = _bench("--quick", "--json", str(out_json))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -179,22 +179,28 @@ def test_bench_quick_measures_direct_nginx_and_streamwarden(tmp_path: Path) -> N
     assert re.search(r"^nginx [\d.]+: proxy_buffering off, 1 worker", out, re.M), out
     assert re.search(r"load average [\d.]+ [\d.]+ [\d.]+$", out, re.M)
     assert re.search(r"^load average after: [\d.]+ [\d.]+ [\d.]+$", out, re.M)
-    for title, rate in (("a: 8 clients", "events/s"), ("b: 16 concurrent", "events/s"), ("c: 8 clients", "requests/s")):
+    assert re.search(r"^floor: uvloop protocols, httptools, keep-alive pool", out, re.M), out
+    build = r"^streamwarden: default flags\n  streamwarden [\w.+-]+ \(compiled: (yes|no)\)\n  from /"
+    assert re.search(build, out, re.M), out
+    for title, rate in (("a: 8 clients", "events/s"), ("b: 16 concurrent", "events/s"), ("c: 8 clients", "requests/s"),
+                        ("c8: 8 clients, whole", "requests/s"), ("c8: 8 clients, streams", "events/s")):  # fmt: skip
         table = _table(out, title)
-        assert re.match(r"^\s+direct\s+nginx\s+streamwarden$", table[1]), table
-        assert re.match(rf"^{rate}(\s+[\d,]+){{3}}$", table[3]), table
+        assert re.match(r"^\s+direct\s+nginx\s+floor\s+streamwarden$", table[1]), table
+        assert re.match(rf"^{rate}(\s+[\d,]+){{4}}$", table[3]), table
         rows = {line[:22].strip(): line[22:].split() for line in table[3:]}
         assert rows["vs direct"][0] == "1.00x"
         ok = rows["ok / failed"]
-        assert ok[1::3] == ["/"] * 3
-        assert ok[2::3] == ["0"] * 3  # none failed
+        assert ok[1::3] == ["/"] * 4
+        assert ok[2::3] == ["0"] * 4  # none failed
         assert all(int(n) > 0 for n in ok[::3]), ok
         assert rows["CPU-us per " + ("request" if rate == "requests/s" else "event")][0] == "-"
-        assert re.fullmatch(r"[\d.]+x", rows["vs nginx"][2]), rows
+        assert re.fullmatch(r"[\d.]+x", rows["vs nginx"][3]), rows
+        assert rows["vs floor"][2] == "1.00x"
+        assert re.fullmatch(r"[\d.]+x", rows["vs floor"][3]), rows
         assert re.fullmatch(r"\(\+?-?[\d.]+\)", rows["TTFB p99 ms (added)"][-1]), rows
     abandon = _table(out, "abandon: 30 streams")
-    rows = [line.split() for line in abandon[5:8]]
-    assert [row[0] for row in rows] == ["direct", "nginx", "streamwarden"]
+    rows = [line.split() for line in abandon[5:9]]
+    assert [row[0] for row in rows] == ["direct", "nginx", "floor", "streamwarden"]
     for _, closes, p50, p95, top, ended_first, never, failed in rows:
         assert int(closes) + int(ended_first) == 10  # a third of 30, each timed unless the upstream ended first
         assert (never, failed) == ("0", "0")
@@ -202,34 +208,38 @@ def test_bench_quick_measures_direct_nginx_and_streamwarden(tmp_path: Path) -> N
     assert re.search(r"^cost per content event\s+[\d.]+ us", out, re.M)
     for title, latency in (("one client alone: whole answers", "answer"), ("one client alone: streams", "TTFT")):
         table = _table(out, title)
-        assert re.match(r"^\s+direct\s+nginx\s+streamwarden$", table[1]), table
+        assert re.match(r"^\s+direct\s+nginx\s+floor\s+streamwarden$", table[1]), table
         rows = {line[:22].strip(): line[22:].split() for line in table[3:]}
         for pct in (50, 99):  # two decimals: the goals are fractions of a millisecond
             cells = rows[f"{latency} p{pct} ms (added)"]
             assert re.fullmatch(r"\d+\.\d\d", cells[0]), cells
             assert all(re.fullmatch(r"\([+-]\d+\.\d\d\)", cell) for cell in cells[2::2]), cells
-        assert rows["ok / failed"][2::3] == ["0"] * 3
+        assert rows["ok / failed"][2::3] == ["0"] * 4
 
     figures = json.loads(out_json.read_text())
     assert figures["nginx"] == re.search(r"^nginx ([\d.]+):", out, re.M).group(1)  # type: ignore[union-attr]
-    assert sorted(figures["scenarios"]) == ["a", "b16", "c", "one_stream", "one_whole"]
-    for key, unit in (("a", "event"), ("b16", "event"), ("c", "request")):
+    assert sorted(figures["scenarios"]) == ["a", "b16", "c", "c8", "c8_stream", "one_stream", "one_whole"]
+    assert re.fullmatch(r"streamwarden [\w.+-]+ \(compiled: (yes|no)\) from /.+", figures["builds"]["streamwarden"])
+    for key, unit in (("a", "event"), ("b16", "event"), ("c", "request"), ("c8", "request"), ("c8_stream", "event")):
         targets = figures["scenarios"][key]["targets"]
-        assert sorted(targets) == ["direct", "nginx", "streamwarden"]
+        assert figures["scenarios"][key]["void_on_failure"] is key.startswith("c8")
+        assert sorted(targets) == ["direct", "floor", "nginx", "streamwarden"]
         assert targets["direct"]["vs_direct"] == 1.0
         assert targets["direct"][f"cpu_us_per_{unit}"] is None
-        for name in ("nginx", "streamwarden"):
+        for name in ("nginx", "floor", "streamwarden"):
             assert targets[name][f"cpu_us_per_{unit}"] > 0
-            assert targets[name]["failed"] == 0
+            assert targets[name]["cpu_us_per_request"] > 0
+            assert (targets[name]["failed"], targets[name]["void"]) == (0, False)
             assert targets[name]["added_ttfb_p99_ms"] is not None
         assert targets["nginx"]["cpu_vs_nginx"] == 1.0
+        assert targets["floor"]["cpu_vs_floor"] == 1.0
     for key in ("a", "b16"):
         assert figures["scenarios"][key]["targets"]["streamwarden"]["ttft_p50_ms"] > 0
     alone = figures["scenarios"]["one_whole"]
     assert (alone["clients"], alone["one_client"], alone["stream"]) == (1, True, False)
     assert alone["targets"]["streamwarden"]["added_total_p99_ms"] is not None
     assert figures["scenarios"]["one_stream"]["targets"]["streamwarden"]["added_ttft_p99_ms"] is not None
-    assert sorted(figures["abandon"]) == ["direct", "nginx", "streamwarden"]
+    assert sorted(figures["abandon"]) == ["direct", "floor", "nginx", "streamwarden"]
     assert all(r["closes"] + r["ended_first"] == 10 and r["missed"] == 0 for r in figures["abandon"].values())
     assert len(figures["load_average_after"]) == 3
 
@@ -263,8 +273,35 @@ def test_bench_without_nginx_says_so_and_measures_the_rest() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "nginx: not on the PATH, so no reference column (apt-get install nginx)" in done.stdout
     table = _table(done.stdout, "c: 8 clients")
-    assert re.match(r"^\s+direct\s+streamwarden$", table[1]), table
+    assert re.match(r"^\s+direct\s+floor\s+streamwarden$", table[1]), table
     assert "abandon" not in done.stdout
+
+
+@pytest.mark.timeout(180)  # a subprocess that starts the fake, the floor and two streamwardens per scenario
+def test_bench_compare_measures_another_checkouts_streamwarden_beside(tmp_path: Path) -> None:
+    """--compare DIR: a second streamwarden from DIR's own `proxy` package (seen in the header), with its
+    own flags, in the same rounds; a label when given, else streamwarden@<the checkout's sha or name>."""
+    before = tmp_path / "before"
+    shutil.copytree(Path(__file__).parents[2] / "proxy", before / "proxy",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))  # a pure copy, not a git checkout
+    out_json = tmp_path / "bench.json"
+    done = _bench("--quick", "--scenarios", "c8", "--compare", str(before), "--compare", f"w2={before} --workers=2",
+                  "--json", str(out_json))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert f"streamwarden@before: default flags\n  streamwarden 0.1.0 (compiled: no)\n  from {before}\n" in out
+    assert f"w2: default flags + --workers=2\n  streamwarden 0.1.0 (compiled: no)\n  from {before}\n" in out
+    table = _table(out, "c8: 8 clients, whole")
+    assert all(len(line) <= 80 for line in table)
+    headers = [line.split() for line in table if line.startswith(" " * 22)]
+    assert [name for names in headers for name in names][-3:] == ["streamwarden", "streamwarden@before", "w2"]
+    figures = json.loads(out_json.read_text())
+    assert figures["builds"]["streamwarden@before"] == f"streamwarden 0.1.0 (compiled: no) from {before}"
+    for key in ("c8", "c8_stream"):
+        targets = figures["scenarios"][key]["targets"]
+        for name in ("streamwarden@before", "w2"):
+            assert targets[name]["failed"] == 0
+            assert targets[name]["cpu_us_per_request"] > 0
 
 
 @pytest.mark.parametrize(
@@ -273,9 +310,11 @@ def test_bench_without_nginx_says_so_and_measures_the_rest() -> None:
         (["--rounds", "0"], "--rounds must be at least 1"),
         (["--b-streams", "64,x"], "--b-streams must be numbers"),
         (["--b-streams", "0"], "--b-streams must be from 1 to 4096"),
-        (["--scenarios", "a,z"], "--scenarios must be a list of a, b, c, one, abandon"),
+        (["--scenarios", "a,z"], "--scenarios must be a list of a, b, c, c8, one, abandon"),
         (["--upstream", "ftp://x"], "--upstream must be an http:// or https:// URL"),
         (["--upstream", "http://127.0.0.1:8000/v1"], "--upstream is the backend's root URL, without /v1"),
+        (["--compare", "/nonexistent/before"], "--compare: /nonexistent/before is not a streamwarden checkout"),
+        (["--compare", ""], "--compare needs a checkout's directory"),
     ],
 )
 def test_bench_rejects_bad_flags(args: list[str], message: str) -> None:
@@ -302,7 +341,7 @@ def test_bench_upstream_mode_skips_the_abandon_test() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"upstream: http://127.0.0.1:{port} (direct vs proxied" in done.stdout
     rows = _table(done.stdout, "c: 8 clients")
-    assert re.search(r"^ok / failed(\s+[1-9]\d* / 0){2,3}$", "\n".join(rows), re.M), rows  # nginx too, if there
+    assert re.search(r"^ok / failed(\s+[1-9]\d* / 0){3,4}$", "\n".join(rows), re.M), rows  # nginx too, if there
     assert "abandon test: skipped (it reads the upstream's own view of the close: built-in fake only)" in done.stdout
 
 
@@ -358,3 +397,34 @@ def test_a_saturated_upstream_or_client_is_named_under_the_table() -> None:
     assert "note: the upstream used 95% of a core against direct: it may be the limit" in table
     assert "note: this client used 90% of a core against streamwarden" in table
     assert "the upstream used 50%" not in table
+
+
+def test_a_void_window_gives_no_cpu_figure_and_says_void() -> None:
+    """OnTheBench's rule: one failed request in any round voids the target's CPU figure (not a median of the rest)."""
+    scenario = Scenario("c8", "c8: 8 clients, whole answers; CPU per request, void on any failure", 8, 2.0, False, 0,
+                        void_on_failure=True)  # fmt: skip
+    clean, failed = Window(wall=2.0, ok=1000, cpu=0.1), Window(wall=2.0, ok=999, failed=1, cpu=0.1)
+    per_target = {"direct": [Window(wall=2.0, ok=3000)], "nginx": [clean, clean], "floor": [clean, clean],
+                  "streamwarden": [clean, failed]}  # fmt: skip
+    figures = summarize(scenario, per_target)
+    assert figures["nginx"]["cpu_us_per_request"] == pytest.approx(100.0)
+    assert figures["floor"]["cpu_vs_floor"] == pytest.approx(1.0)
+    assert (figures["streamwarden"]["void"], figures["streamwarden"]["cpu_us_per_request"]) == (True, None)
+    rows = {line[:22].strip(): line[22:].split() for line in format_scenario(scenario, figures).splitlines()[4:]}
+    assert rows["CPU-us per request"] == ["-", "100.0", "100.0", "void"]
+    assert rows["vs floor"] == ["-", "1.00x", "1.00x", "void"]
+    lenient = Scenario("c", "c: 8 clients, non-streaming", 8, 2.0, False, 0)
+    assert summarize(lenient, per_target)["streamwarden"]["cpu_us_per_request"] == pytest.approx(100.05)
+
+
+def test_columns_past_80_go_on_in_another_block_with_their_header() -> None:
+    scenario = Scenario("b512", "b: 512 concurrent streams, 20 ms per chunk", 512, 0, True, 20)
+    names = ["direct", "nginx", "floor", "streamwarden", "streamwarden@0123abc", "w2"]
+    window = Window(wall=4.0, ok=1024, events=106496, ttft=[1.52] * 10, ttfe=[1.52] * 10, ttfb=[0.001] * 10, cpu=1.0)
+    table = format_scenario(scenario, summarize(scenario, {name: [window] for name in names})).splitlines()
+    assert all(len(line) <= 80 for line in table)
+    headers = [line.split() for line in table if line.startswith(" " * 22)]
+    assert len(headers) == 2
+    assert headers[0][0] == "direct"
+    assert [name for names in headers for name in names] == names
+    assert len([line for line in table if line.startswith("CPU-us per event")]) == 2

@@ -36,6 +36,7 @@ class Scenario:
     tokens: int = 100
     requests: int | None = None  # instead of the duration: this many in all (b: two waves at full concurrency)
     one_client: bool = False  # one client alone: what the proxy adds to one request's latency, in µs
+    void_on_failure: bool = False  # OnTheBench's rule: a failure in a window voids its CPU figure
 
 
 @dataclass

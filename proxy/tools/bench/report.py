@@ -3,10 +3,11 @@
 Per target: the rate (events/s, or requests/s without streaming) and its ratio to direct; TTFT (first
 content event), TTFE (first event of any kind), TTFB (first byte) and the whole answer (last byte)
 p50/p99 and what the proxy adds over direct; the proxy's own CPU-µs per event (or per request) and
-its ratio to nginx's; its share of a core; its memory per concurrent stream (peak RSS during the
-rounds over its RSS when fresh, divided by the concurrency); and the upstream's and this client's share
-of a core, to show neither was the limit. One client alone shows the latency it waits for, in hundredths
-of a millisecond: a stream's first token, a whole answer's last byte.
+its ratios to nginx's and the floor's (`void` where the scenario follows OnTheBench's rule and the
+target failed a request: no CPU figure then); its share of a core; its memory per concurrent stream
+(peak RSS during the rounds over its RSS when fresh, divided by the concurrency); and the upstream's
+and this client's share of a core, to show neither was the limit. One client alone shows the latency
+it waits for, in hundredths of a millisecond: a stream's first token, a whole answer's last byte.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ __all__ = ["format_abandons", "format_scenario", "percentile", "summarize"]
 
 Figures = dict[str, float | int | None]
 _LATENCIES = ("ttft", "ttfe", "ttfb", "total")
-_WIDTH = 19
+_LABEL_WIDTH = 22
+_WIDTH = 80  # a table wider than this goes on in another block of columns below
 SATURATED = 0.85  # a share of a core above which the upstream or the client may be the limit
 
 
@@ -45,6 +47,7 @@ def _per_target(scenario: Scenario, windows: Sequence[Window]) -> Figures:
         "rate": _median(windows, lambda w: (w.events if scenario.stream else w.ok) / w.wall if w.wall else None),
         "ok": sum(w.ok for w in windows),
         "failed": sum(w.failed for w in windows),
+        "void": scenario.void_on_failure and any(w.failed for w in windows),
     }
     for name in _LATENCIES:
         for pct in (50, 99):
@@ -54,6 +57,8 @@ def _per_target(scenario: Scenario, windows: Sequence[Window]) -> Figures:
         out["cpu_us_per_event"] = _median(windows, lambda w: w.cpu / w.events * 1e6
                                           if w.cpu is not None and w.events else None)  # fmt: skip
     out["cpu_us_per_request"] = _median(windows, lambda w: w.cpu / w.ok * 1e6 if w.cpu is not None and w.ok else None)
+    if out["void"]:  # no figure from a window with a failure (and a median of the others would hide it)
+        out["cpu_us_per_request"] = out["cpu_us_per_event"] = None
     out["cpu_core_share"] = _median(windows, lambda w: w.cpu / w.wall if w.cpu is not None and w.wall else None)
     peaks = [w.rss_peak for w in windows if w.rss_peak is not None]
     idle = windows[0].rss_idle if windows else None
@@ -67,7 +72,7 @@ def _per_target(scenario: Scenario, windows: Sequence[Window]) -> Figures:
 def summarize(scenario: Scenario, per_target: Mapping[str, Sequence[Window]]) -> dict[str, Figures]:
     """Target name -> its figures, with the ratios to direct and to nginx and the added latencies."""
     found = {name: _per_target(scenario, windows) for name, windows in per_target.items()}
-    direct, nginx = found.get("direct", {}), found.get("nginx", {})
+    direct, nginx, floor = found.get("direct", {}), found.get("nginx", {}), found.get("floor", {})
     unit = "event" if scenario.stream else "request"
     for figures in found.values():
         rate, base = figures["rate"], direct.get("rate")
@@ -77,8 +82,9 @@ def summarize(scenario: Scenario, per_target: Mapping[str, Sequence[Window]]) ->
                 key = f"{name}_p{pct}_ms"
                 mine, theirs = figures[key], direct.get(key)
                 figures[f"added_{key}"] = mine - theirs if mine is not None and theirs is not None else None
-        cpu, ref = figures[f"cpu_us_per_{unit}"], nginx.get(f"cpu_us_per_{unit}")
+        cpu, ref, low = figures[f"cpu_us_per_{unit}"], nginx.get(f"cpu_us_per_{unit}"), floor.get(f"cpu_us_per_{unit}")
         figures["cpu_vs_nginx"] = cpu / ref if cpu is not None and ref else None
+        figures["cpu_vs_floor"] = cpu / low if cpu is not None and low else None
     return found
 
 
@@ -117,10 +123,15 @@ def format_scenario(scenario: Scenario, figures: Mapping[str, Figures]) -> str:
 
             label = "answer" if name == "total" else name.upper()
             row(f"{label} p{pct} ms (added)", latency)
-    row(f"CPU-us per {unit}", lambda n, f: _num(f[f"cpu_us_per_{unit}"], ".1f"))
-    row("  vs nginx", lambda n, f: _num(f["cpu_vs_nginx"], ".2f", "x"))
+    def cpu(key: str, spec: str, suffix: str = "") -> Callable[[str, Figures], str]:
+        return lambda n, f: "void" if f["void"] else _num(f[key], spec, suffix)
+
+    row(f"CPU-us per {unit}", cpu(f"cpu_us_per_{unit}", ".1f"))
+    row("  vs nginx", cpu("cpu_vs_nginx", ".2f", "x"))
+    if "floor" in names:
+        row("  vs floor", cpu("cpu_vs_floor", ".2f", "x"))
     if scenario.stream:
-        row("CPU-us per stream", lambda n, f: _num(f["cpu_us_per_request"], ",.0f"))
+        row("CPU-us per stream", cpu("cpu_us_per_request", ",.0f"))
     row("  share of a core", lambda n, f: _num(None if f["cpu_core_share"] is None else f["cpu_core_share"] * 100,
                                                ".0f", "%"))  # fmt: skip
     if scenario.stream and not scenario.one_client:  # one stream's RSS is noise
@@ -134,10 +145,19 @@ def format_scenario(scenario: Scenario, figures: Mapping[str, Figures]) -> str:
     notes = [f"note: {who} used {share * 100:.0f}% of a core against {n}: it may be the limit"
              for n in names for who, key in roles
              if isinstance(share := figures[n][key], float) and share > SATURATED]  # fmt: skip
-    label_width = 80 - _WIDTH * len(names) - 1
-    lines = ["", scenario.title, f"{'':<{label_width}}" + "".join(f"{n:>{_WIDTH}}" for n in names),
-             "-" * (label_width + _WIDTH * len(names))]  # fmt: skip
-    lines += [f"{label:<{label_width}}" + "".join(f"{c:>{_WIDTH}}" for c in cells) for label, cells in rows]
+    widths = [max(len(name), *(len(cells[i]) for _, cells in rows)) + 2 for i, name in enumerate(names)]
+    lines = ["", scenario.title]
+    first = 0
+    while first < len(names):  # blocks of the columns that fit in 80, each with its header
+        last = first + 1
+        while last < len(names) and _LABEL_WIDTH + sum(widths[first : last + 1]) <= _WIDTH:
+            last += 1
+        shown = range(first, last)
+        lines += [" " * _LABEL_WIDTH + "".join(f"{names[i]:>{widths[i]}}" for i in shown),
+                  "-" * (_LABEL_WIDTH + sum(widths[i] for i in shown))]  # fmt: skip
+        lines += [f"{label:<{_LABEL_WIDTH}}" + "".join(f"{cells[i]:>{widths[i]}}" for i in shown)
+                  for label, cells in rows]  # fmt: skip
+        first = last
     return "\n".join(lines + [note[:80] for note in notes])
 
 

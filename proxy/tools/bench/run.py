@@ -1,11 +1,13 @@
 """`streamwarden bench`: what the proxy costs, measured the way an operator would, beside nginx.
 
 Scenarios a (32 clients, streams of 100 chunks, no delay), b (N concurrent streams at 20 ms a chunk,
-the real LLM shape), c (32 clients, whole bodies), one (one client alone, sequential requests: what the
-proxy adds to a whole answer and to a stream's first token) and the abandon test run against three
-targets: the upstream itself (direct), nginx (when it is on the PATH; `bench_targets.nginx_config`) and
-streamwarden at its default flags. The targets alternate inside each round and the figures are the
-medians of the rounds. The upstream is the fake's fast mode (`proxy.tools.fake.fast`), a raw-asyncio server
+the real LLM shape), c (32 clients, whole bodies), c8 (the peers' figure: CPU per request at 8 clients
+by OnTheBench's rule, whole answers and streams), one (one client alone, sequential requests: what the
+proxy adds to a whole answer and to a stream's first token) and the abandon test run against the
+targets: the upstream itself (direct), nginx (when it is on the PATH; `targets.nginx_config`), the
+floor (`floor`, the cheapest Python relay on the proxy's stack), streamwarden at its default flags,
+and each `--compare` checkout's streamwarden. The targets alternate inside each round and the figures
+are the medians of the rounds. The upstream is the fake's fast mode (`proxy.tools.fake.fast`), a raw-asyncio server
 that writes one event per socket write, and the load is a raw-asyncio client (`bench_client`): with
 aiohttp on either end, the 2 cores would mostly measure aiohttp.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,13 +33,23 @@ from proxy.tools.bench.cancel import AbandonResult, measure_abandons
 from proxy.tools.bench.latency import format_latency_cost, measure_latency_cost
 from proxy.tools.bench.load import Scenario, Window, measure
 from proxy.tools.bench.report import format_abandons, format_scenario, percentile, summarize
-from proxy.tools.bench.targets import Children, Target
+from proxy.tools.bench.targets import Children, Target, source_env
 
-__all__ = ["BenchOptions", "add_arguments", "options_from_args", "run_bench"]
+__all__ = ["BenchOptions", "Compared", "add_arguments", "compared", "options_from_args", "run_bench"]
 
 _ABANDON = (300, 20, 100)  # streams, ms per chunk, chunks
 _ABANDON_QUICK = (30, 5, 20)
-_ALL = ("a", "b", "c", "one", "abandon")
+_ALL = ("a", "b", "c", "c8", "one", "abandon")
+_LABEL = re.compile(r"^([\w.@+-]+)=(.+)$")
+
+
+@dataclass(frozen=True)
+class Compared:
+    """Another checkout's streamwarden, a target beside this one's (`--compare`)."""
+
+    name: str  # the column: streamwarden@<short sha> unless given
+    source: Path  # the checkout: its `proxy` package goes first on the import path
+    args: tuple[str, ...] = ()  # its own serve flags, after --proxy-arg's
 
 
 @dataclass(frozen=True)
@@ -43,11 +57,12 @@ class BenchOptions:
     upstream: URL | None = None
     rounds: int = 3
     b_streams: tuple[int, ...] = (256,)
-    scenarios: tuple[str, ...] = ("a", "b", "c", "one", "abandon")
+    scenarios: tuple[str, ...] = _ALL
     quick: bool = False
     json_path: Path | None = None
     seed: int = 1
     proxy_args: tuple[str, ...] = ()
+    compare: tuple[Compared, ...] = ()
 
 
 def add_arguments(bench: argparse.ArgumentParser) -> None:
@@ -58,12 +73,17 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--b-streams", default="256", metavar="N[,N...]",
                        help="concurrent streams of scenario b, e.g. 64,256,512 (default 256)")
     bench.add_argument("--scenarios", default=",".join(_ALL), metavar="LIST",
-                       help="which to run, of a, b, c, one (one client alone), abandon (default: all)")
+                       help="which to run, of a, b, c, c8 (the peers' figure), one (one client alone), abandon "
+                            "(default: all)")
     bench.add_argument("--quick", action="store_true", help="tiny runs that only show it works (for tests)")
     bench.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON to PATH")
     bench.add_argument("--seed", type=int, default=1, help="the abandon test's random plan")
     bench.add_argument("--proxy-arg", action="append", default=[], metavar="ARG",
                        help="an extra `streamwarden serve` flag, e.g. --proxy-arg=--log-level=warning")  # fmt: skip
+    bench.add_argument("--compare", action="append", default=[], metavar="'[LABEL=]DIR [FLAG...]'",
+                       help="also measure the streamwarden of checkout DIR (pure, or compiled in place), "
+                            "with its own extra serve flags, e.g. --compare ../before or "
+                            "--compare 'w2=. --workers=2'; repeatable")  # fmt: skip
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
@@ -89,7 +109,56 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     if unknown or not scenarios:
         raise ValueError(f"--scenarios must be a list of {', '.join(_ALL)}, got {args.scenarios!r}")
     return BenchOptions(upstream, rounds, b_streams, scenarios, args.quick,
-                        Path(args.json) if args.json else None, args.seed, tuple(args.proxy_arg))  # fmt: skip
+                        Path(args.json) if args.json else None, args.seed, tuple(args.proxy_arg),
+                        compared(args.compare))  # fmt: skip
+
+
+def compared(specs: Sequence[str]) -> tuple[Compared, ...]:
+    """`--compare` specs to targets: `[LABEL=]DIR [FLAG...]`, DIR a checkout with a `proxy` package."""
+    found: list[Compared] = []
+    for spec in specs:
+        words = shlex.split(spec)
+        if not words:
+            raise ValueError("--compare needs a checkout's directory")
+        label, place = None, words[0]
+        match = _LABEL.match(place)
+        if match and not Path(place).exists():
+            label, place = match.groups()
+        source = Path(place).expanduser().resolve()
+        if not (source / "proxy" / "__main__.py").is_file():
+            raise ValueError(f"--compare: {place} is not a streamwarden checkout (no proxy/__main__.py)")
+        name = label or f"streamwarden@{_short_sha(source) or source.name}"
+        taken = {"direct", "nginx", "floor", "streamwarden", *(c.name for c in found)}
+        while name in taken:
+            name += "'"
+        found.append(Compared(name, source, tuple(words[1:])))
+    return tuple(found)
+
+
+def _short_sha(source: Path) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=False)  # fmt: skip
+    except OSError:
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def build_of(source: Path | None) -> str:
+    """What a streamwarden target runs: its `--version` line (which says compiled: yes|no) and where
+    its package was imported from, so that a `--compare` checkout is seen to be the one measured."""
+    probe = ("import sys, proxy; print(proxy.__path__[0], flush=True); sys.argv = ['streamwarden', '--version']; "
+             "import proxy.__main__")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False,
+                          env=source_env(source), cwd=source)  # fmt: skip
+    lines = done.stdout.strip().splitlines()
+    if len(lines) < 2:
+        raise RuntimeError(f"streamwarden --version from {source or 'this checkout'} failed: "
+                           f"{(done.stderr or done.stdout).strip()[-300:]}")  # fmt: skip
+    where = Path(lines[0]).parent
+    if source is not None and where.resolve() != source:
+        raise RuntimeError(f"--compare {source}: its `proxy` package was imported from {where} instead")
+    return f"{lines[-1]} from {where}"
 
 
 def _scenarios(options: BenchOptions) -> list[Scenario]:
@@ -110,6 +179,12 @@ def _scenarios(options: BenchOptions) -> list[Scenario]:
     if "c" in options.scenarios:
         clients = 8 if quick else 32
         found.append(Scenario("c", f"c: {clients} clients, non-streaming", clients, 0.3 if quick else 2.0, False, 0))
+    if "c8" in options.scenarios:  # the peers' figure: OnTheBench's gateway snapshots (docs/reference.md)
+        seconds = 0.3 if quick else 2.0
+        found.append(Scenario("c8", "c8: 8 clients, whole answers; CPU per request, void on any failure", 8,
+                              seconds, False, 0, void_on_failure=True))  # fmt: skip
+        found.append(Scenario("c8_stream", "c8: 8 clients, streams of 100 chunks; CPU per stream, void on any "
+                              "failure", 8, seconds, True, 0, void_on_failure=True))  # fmt: skip
     if "one" in options.scenarios:  # sequential requests of one client: the latency a lone user sees added
         seconds = 0.3 if quick else 2.0
         found.append(Scenario("one_whole", "one client alone: whole answers, one after another", 1, seconds,
@@ -126,6 +201,7 @@ class _Run:
     windows: dict[str, dict[str, list[Window]]] = field(default_factory=dict)  # scenario -> target -> rounds
     abandons: dict[str, AbandonResult] = field(default_factory=dict)
     nginx: str = ""
+    builds: dict[str, str] = field(default_factory=dict)  # streamwarden target -> its --version and place
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
@@ -149,8 +225,15 @@ async def _targets(children: Children, upstream: URL, options: BenchOptions, wit
             started = None
         if started is not None:
             targets.append(Target("nginx", started[1], started[0].proc.pid))
+    floor = await children.floor(upstream)
+    if floor is not None:
+        targets.append(Target("floor", floor[1], floor[0].proc.pid))
     proxy, url = await children.streamwarden(upstream, options.proxy_args)
     targets.append(Target("streamwarden", url, proxy.proc.pid))
+    for other in options.compare:
+        proxy, url = await children.streamwarden(upstream, (*options.proxy_args, *other.args), other.source,
+                                                 other.name)  # fmt: skip
+        targets.append(Target(other.name, url, proxy.proc.pid))
     return targets
 
 
@@ -194,7 +277,8 @@ async def _bench(options: BenchOptions, run: _Run) -> None:
     run.load_before = os.getloadavg()
     version = _nginx_version()
     run.nginx = version or ""
-    print(_header(options, version), flush=True)
+    run.builds = {"streamwarden": build_of(None), **{c.name: build_of(c.source) for c in options.compare}}
+    print(_header(options, version, run.builds), flush=True)
     async with Children() as children:
         upstream, upstream_pid, model = options.upstream, None, "fast"
         if upstream is None:
@@ -232,19 +316,30 @@ async def _model(upstream: URL) -> str:
     raise RuntimeError(f"{upstream} answered GET /v1/models without a model id (status {resp.status})")
 
 
-def _header(options: BenchOptions, nginx: str | None) -> str:
+def _header(options: BenchOptions, nginx: str | None, builds: dict[str, str]) -> str:
     upstream = (f"{options.upstream} (direct vs proxied; its own pace)" if options.upstream
                 else "the built-in fake, fast mode (raw asyncio, one socket write per event)")  # fmt: skip
     reference = (f"nginx {nginx}: proxy_buffering off, 1 worker, keep-alive upstream, no access log" if nginx else
                  "nginx: not on the PATH, so no reference column (apt-get install nginx)")  # fmt: skip
+    floor = ("floor: uvloop protocols, httptools, keep-alive pool, bytes relayed as they come" if
+             options.upstream is None or options.upstream.scheme == "http" else "floor: none (http upstreams only)")
+    flags = f"default flags{' + ' + ' '.join(options.proxy_args) if options.proxy_args else ''}"
+    lines = [f"streamwarden: {flags}", *_build_lines(builds["streamwarden"])]
+    for other in options.compare:
+        lines += [f"{other.name}: {flags}{' + ' + ' '.join(other.args) if other.args else ''}",
+                  *_build_lines(builds[other.name])]  # fmt: skip
     one, five, fifteen = os.getloadavg()
     return (
         f"streamwarden bench: {options.rounds} alternated round(s), medians{' (--quick)' if options.quick else ''}\n"
-        f"upstream: {upstream}\n{reference}\n"
-        f"streamwarden: default flags{' + ' + ' '.join(options.proxy_args) if options.proxy_args else ''}\n"
+        f"upstream: {upstream}\n{reference}\n{floor}\n" + "\n".join(lines) + "\n"
         f"{os.cpu_count()} CPUs shared by upstream, proxies and client; "
         f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
     )
+
+
+def _build_lines(build: str) -> list[str]:
+    version, _, where = build.partition(" from ")
+    return [f"  {version}", f"  from {where}"]
 
 
 def _json(options: BenchOptions, run: _Run, scenarios: Sequence[Scenario]) -> bytes:
@@ -256,6 +351,7 @@ def _json(options: BenchOptions, run: _Run, scenarios: Sequence[Scenario]) -> by
         "load_average_before": list(run.load_before),
         "load_average_after": list(run.load_after),
         "nginx": run.nginx or None,
+        "builds": run.builds,
         "scenarios": {},
         "abandon": {},
     }
@@ -266,6 +362,7 @@ def _json(options: BenchOptions, run: _Run, scenarios: Sequence[Scenario]) -> by
             "title": scenario.title, "clients": scenario.clients,
             "duration_s": None if scenario.requests else scenario.duration, "requests": scenario.requests,
             "stream": scenario.stream, "delay_ms": scenario.delay_ms, "one_client": scenario.one_client,
+            "void_on_failure": scenario.void_on_failure,
             "targets": summarize(scenario, per_target),
             "rounds": {name: [{"wall_s": w.wall, "ok": w.ok, "failed": w.failed, "events": w.events,
                                "cpu_s": w.cpu, "upstream_cpu_s": w.upstream_cpu, "client_cpu_s": w.client_cpu,

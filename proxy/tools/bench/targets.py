@@ -1,4 +1,4 @@
-"""`streamwarden bench`'s processes: the fast fake, streamwarden and nginx, and what /proc says of them.
+"""`streamwarden bench`'s processes: the fast fake, streamwarden, nginx and the floor, and what /proc says of them.
 
 Each runs as its own subprocess, so its CPU time read from /proc is its own and not the load
 generator's. CPU and memory are read for the process and its descendants (nginx's worker,
@@ -22,7 +22,7 @@ from typing import IO
 
 from yarl import URL
 
-__all__ = ["HOST", "Children", "Target", "free_port", "nginx_config", "tree_cpu", "tree_rss"]
+__all__ = ["HOST", "Children", "Target", "free_port", "nginx_config", "source_env", "tree_cpu", "tree_rss"]
 
 HOST = "127.0.0.1"
 START_TIMEOUT = 20.0  # seconds for a child to accept connections
@@ -31,7 +31,7 @@ STOP_TIMEOUT = 5.0  # seconds after SIGTERM before SIGKILL
 
 @dataclass(frozen=True)
 class Target:
-    """Where the load goes: `direct` (the upstream itself), `nginx` or `streamwarden`."""
+    """Where the load goes: `direct` (the upstream itself), `nginx`, `floor` or a `streamwarden`."""
 
     name: str
     url: URL
@@ -179,11 +179,13 @@ class Children:
     def tempdir(self) -> Path:
         return Path(self._exit.enter_context(tempfile.TemporaryDirectory(prefix="streamwarden-bench-")))
 
-    async def spawn(self, name: str, argv: Sequence[str], port: int) -> Child:
+    async def spawn(self, name: str, argv: Sequence[str], port: int, source: Path | None = None) -> Child:
+        """`argv` started; with `source`, its `proxy` package is the one in that checkout (the working
+        directory and PYTHONPATH)."""
         log = self._exit.enter_context(tempfile.TemporaryFile())  # noqa: SIM115 (closed by the exit stack)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}  # the defaults, measured
+        env = source_env(source)
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=env
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=source
         )
         self._exit.push_async_callback(lambda: asyncio.shield(_stop(proc)))
         child = Child(name, proc, log)
@@ -195,11 +197,22 @@ class Children:
         argv = [sys.executable, "-m", "proxy", "fake-upstream", "--fast", "--host", HOST, "--port", str(port)]
         return await self.spawn("the fast fake upstream", argv, port), URL.build(scheme="http", host=HOST, port=port)
 
-    async def streamwarden(self, upstream: URL, extra: Sequence[str] = ()) -> tuple[Child, URL]:
+    async def streamwarden(self, upstream: URL, extra: Sequence[str] = (), source: Path | None = None,
+                           name: str = "streamwarden") -> tuple[Child, URL]:  # fmt: skip
+        """This checkout's streamwarden, or with `source` the one of another checkout (same interpreter)."""
         port, admin_port = free_port(), free_port()
         argv = [sys.executable, "-m", "proxy", "serve", "--upstream", str(upstream), "--host", HOST,
                 "--port", str(port), "--admin-port", str(admin_port), "--drain-timeout", "1", *extra]  # fmt: skip
-        return await self.spawn("streamwarden", argv, port), URL.build(scheme="http", host=HOST, port=port)
+        return await self.spawn(name, argv, port, source), URL.build(scheme="http", host=HOST, port=port)
+
+    async def floor(self, upstream: URL) -> tuple[Child, URL] | None:
+        """The floor (`proxy.tools.bench.floor`) in front of `upstream`; None for an https upstream."""
+        if upstream.scheme != "http":
+            return None
+        port = free_port()
+        argv = [sys.executable, "-m", "proxy.tools.bench.floor", "--listen", f"{HOST}:{port}",
+                "--upstream", f"{upstream.host}:{upstream.port}"]  # fmt: skip
+        return await self.spawn("the floor", argv, port), URL.build(scheme="http", host=HOST, port=port)
 
     async def nginx(self, upstream: URL) -> tuple[Child, URL] | None:
         """nginx in front of `upstream`, or None when there is no `nginx` on the PATH."""
@@ -210,6 +223,15 @@ class Children:
         (prefix / "nginx.conf").write_text(nginx_config(prefix, port, upstream))
         argv = [binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")]
         return await self.spawn("nginx", argv, port), URL.build(scheme="http", host=HOST, port=port)
+
+
+def source_env(source: Path | None) -> dict[str, str]:
+    """The environment of a child: no STREAMWARDEN_ settings (the defaults are measured), and with
+    `source`, that checkout first on the import path (ahead of this venv's editable install)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMWARDEN_")}
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source), *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 def nginx_config(prefix: Path, port: int, upstream: URL) -> str:
