@@ -167,3 +167,27 @@ async def test_a_head_answer_ends_with_its_head_and_the_connection_is_reused() -
             pool.close()
     assert raw == b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n" * 2 + b"hello"
     assert seen == [b"HEAD", b"GET"]
+
+
+async def test_an_interim_answer_is_relayed_and_the_final_one_ends_the_exchange() -> None:
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await reader.read()  # until the floor closes its idle connection
+        writer.close()
+
+    backend = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    async with backend:
+        server, port, pool = await start_floor("127.0.0.1", 0, "127.0.0.1", backend.sockets[0].getsockname()[1])
+        async with server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+            async with asyncio.timeout(10):
+                assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+                writer.write(b"hi")
+                assert await _answer(reader) == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+            assert len(pool.idle) == 1  # the final answer returned the connection to the pool
+            writer.close()
+            pool.close()

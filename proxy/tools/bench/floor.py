@@ -111,6 +111,8 @@ class _Upstream(asyncio.Protocol):
             raise _HeadOnly
 
     def on_message_complete(self) -> None:
+        if 100 <= self.parser.get_status_code() < 200:
+            return  # an interim answer (100 Continue), relayed: the final one follows
         self.complete, self.keep_alive = True, self.parser.should_keep_alive()  # (llhttp forgets it after)
 
     def pause_writing(self) -> None:
