@@ -170,13 +170,18 @@ async def test_a_head_answer_ends_with_its_head_and_the_connection_is_reused() -
 
 
 async def test_an_interim_answer_is_relayed_and_the_final_one_ends_the_exchange() -> None:
+    ended = asyncio.Event()
+
     async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        await reader.readexactly(2)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await reader.read()  # until the floor closes its idle connection
-        writer.close()
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await reader.readexactly(2)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await reader.read()  # until the floor closes its idle connection
+            writer.close()
+        finally:
+            ended.set()
 
     backend = await asyncio.start_server(upstream, "127.0.0.1", 0)
     async with backend:
@@ -191,3 +196,5 @@ async def test_an_interim_answer_is_relayed_and_the_final_one_ends_the_exchange(
             assert len(pool.idle) == 1  # the final answer returned the connection to the pool
             writer.close()
             pool.close()
+        async with asyncio.timeout(10):
+            await ended.wait()  # the floor closed its idle connection: the backend's read ended
