@@ -198,3 +198,32 @@ async def test_an_interim_answer_is_relayed_and_the_final_one_ends_the_exchange(
             pool.close()
         async with asyncio.timeout(10):
             await ended.wait()  # the floor closed its idle connection: the backend's read ended
+
+
+async def test_a_chunked_request_body_reaches_the_upstream_chunked() -> None:
+    """llhttp hands the floor a chunked body's data: it frames each piece again, and ends the body."""
+    got: list[bytes] = []
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got.append(await reader.readuntil(b"\r\n\r\n"))
+        got.append(await reader.readuntil(b"0\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        writer.close()
+
+    backend = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    async with backend:
+        server, port, pool = await start_floor("127.0.0.1", 0, "127.0.0.1", backend.sockets[0].getsockname()[1])
+        async with server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            writer.write(b"1;ext=1\r\n!\r\n0\r\nTrailer-Field: x\r\n\r\n")
+            async with asyncio.timeout(10):
+                assert await _answer(reader) == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+            writer.close()
+            pool.close()
+    assert b"Transfer-Encoding: chunked\r\n" in got[0]
+    framed, data = got[1], b""
+    while not framed.startswith(b"0\r\n"):  # (the pieces as the reads split them)
+        size, _, framed = framed.partition(b"\r\n")
+        data, framed = data + framed[: int(size, 16)], framed[int(size, 16) + 2 :]
+    assert (data, framed) == (b"hello!", b"0\r\n\r\n")

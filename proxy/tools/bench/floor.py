@@ -5,10 +5,11 @@ parsing the client's requests and the upstream's answers only for their framing,
 upstream connections, and the answer's bytes written to the client as they come, unchanged (chunked or
 Content-Length: the upstream's framing is the client's). No task per request, no judging, no books, no
 log line. A request's head is rebuilt without its hop-by-hop headers (as nginx's `proxy_set_header
-Connection ""` does), its body relayed as it comes. Flow control both ways: a full socket buffer on one side
-pauses reading on the other. A client that leaves closes its upstream connection (the backend's cue to
-stop); an upstream that fails before answering gets the client a 502, one that fails mid-answer cuts
-the client's connection. Pipelined requests are answered in order, one at a time.
+Connection ""` does), its body relayed as it comes (a chunked one framed again). Flow control both
+ways: a full socket buffer on one side pauses reading on the other. A client that leaves closes its
+upstream connection (the backend's cue to stop); an upstream that fails before answering gets the
+client a 502, one that fails mid-answer cuts the client's connection. Pipelined requests are answered
+in order, one at a time.
 
     python -m proxy.tools.bench.floor --listen 127.0.0.1:8080 --upstream 127.0.0.1:8000
 """
@@ -154,7 +155,7 @@ class _Client(asyncio.Protocol):
         self.keep_alive: deque[bool] = deque()  # per queued request, known at its end
         self.url = b""
         self.headers: list[bytes] = []
-        self.closing = False
+        self.chunked = False  # the request's body is chunked: its pieces are framed again on the way
 
     # -- the client's bytes -------------------------------------------------------------------------
 
@@ -171,14 +172,17 @@ class _Client(asyncio.Protocol):
             self.close()
 
     def on_message_begin(self) -> None:
-        self.url, self.headers = b"", []
+        self.url, self.headers, self.chunked = b"", [], False
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() not in _HOP:
+        lower = name.lower()
+        if lower not in _HOP:
             self.headers += (name, b": ", value, b"\r\n")
+            if lower == b"transfer-encoding":
+                self.chunked = b"chunked" in value.lower()
 
     def on_headers_complete(self) -> None:
         method = self.parser.get_method()
@@ -188,9 +192,11 @@ class _Client(asyncio.Protocol):
             self.floor.acquire(self)
 
     def on_body(self, body: bytes) -> None:
-        self._send(body)
+        self._send(b"%x\r\n%s\r\n" % (len(body), body) if self.chunked else body)  # (llhttp gives the data)
 
     def on_message_complete(self) -> None:
+        if self.chunked:
+            self._send(b"0\r\n\r\n")  # (a trailer is dropped)
         self.keep_alive.append(self.parser.should_keep_alive())
 
     def _send(self, data: bytes) -> None:
