@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 from proxy.exchange.errors import UpstreamFailure, stalled
 from proxy.exchange.flow import BodyBuffer
 
-__all__ = ["HIGH_WATER", "BodyReader", "BodySink", "UpstreamHead", "UpstreamLink", "UpstreamPool"]
+__all__ = ["HIGH_WATER", "BodyReader", "BodySink", "HeadReceiver", "UpstreamHead", "UpstreamLink", "UpstreamPool"]
 
 
 @dataclass(slots=True)
@@ -52,6 +52,16 @@ class BodySink(Protocol):
         """The body broke (a cut, bad framing); no more calls follow."""
 
 
+class HeadReceiver(Protocol):
+    """Who hears a response head from the connection's callbacks, instead of awaiting it (an exchange
+    that needs no task: `proxy.exchange.handler`). Each is called once at most, after llhttp's feed."""
+
+    def on_head(self, head: UpstreamHead) -> None: ...
+
+    def on_failure(self, failure: UpstreamFailure) -> None:
+        """No head will come (the connection closed or sent bad HTTP)."""
+
+
 class UpstreamLink(Protocol):
     """One upstream connection, while an exchange holds it."""
 
@@ -76,6 +86,16 @@ class UpstreamPool(Protocol):
         Raises `UpstreamFailure` (connect failed, closed, bad HTTP). Not bounded in time: the
         caller's first-byte deadline bounds it; a cancel closes the connection.
         """
+
+    def take_idle(self) -> UpstreamLink | None:
+        """An idle connection ready for a request, taken out of the pool; None when none is (no wait)."""
+
+    def send_on(
+        self, link: UpstreamLink, method: str, target: str, headers: CIMultiDict[str],
+        body: bytes | bytearray | None, receiver: HeadReceiver,
+    ) -> None:
+        """Send a request on `link` (from `take_idle`); its head, or why none came, goes to `receiver`.
+        Not bounded in time: the caller's first-byte timer bounds it, and closes the link."""
 
     def release(self, link: UpstreamLink) -> None:
         """The exchange is done with it: back to the pool when complete and reusable, else closed."""
