@@ -59,7 +59,7 @@ class _Flight:
     stream guard), and, while it is carried in callbacks, the upstream head's receiver."""
 
     __slots__ = ("dialect", "ex", "guard", "handed_over", "head", "headers", "info", "interrupter", "life", "link",
-                 "out", "reader", "request", "resumer", "sending", "state", "target", "timer")  # fmt: skip
+                 "out", "reader", "request", "resumer", "sending", "state", "target")  # fmt: skip
 
     def __init__(self, request: ClientRequest, state: ProxyState, ex: ExchangeRecord, life: Lifecycle,
                  dialect: Dialect) -> None:  # fmt: skip
@@ -81,7 +81,6 @@ class _Flight:
         self.target = ""
         self.headers: CIMultiDict[str] | None = None
         self.resumer: Resumer | None = None
-        self.timer: asyncio.TimerHandle | None = None  # the first-byte deadline, carried in callbacks
 
     # ---- HeadReceiver: the upstream's head, while the exchange is carried in callbacks --------------
 
@@ -112,19 +111,12 @@ class _Flight:
         self._waited()
         self._ended_by(failure)
 
-    def _timed_out(self) -> None:
-        self.timer = None
-        self._ended_by(first_byte_timeout(self.state.config.first_byte_timeout))
-
     def _interrupted(self, cause: Cause) -> None:
         self._waited()
         self._ended_by(Interrupted(cause))
 
     def _waited(self) -> None:
-        """The wait for the head is over: its deadline and its interrupter's watch go."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        """The wait for the head is over: its interrupter's watch goes."""
         self.interrupter.forget()
 
     def _ended_by(self, error: Exception) -> None:
@@ -196,13 +188,12 @@ def _quick_link(flight: _Flight) -> UpstreamLink | None:
 
 def _send_now(flight: _Flight, link: UpstreamLink) -> None:
     """`_exchange`'s steps up to the request sent, in this call (nothing can wait: `_quick_link`);
-    the head (or why none came) reaches the flight's `on_head` (`on_failure`), bounded by its first-byte timer."""
+    the head (or why none came, a first-byte timeout too) reaches the flight's `on_head` (`on_failure`)."""
     state, request, cfg, interrupter = flight.state, flight.request, flight.state.config, flight.interrupter
     target = upstream_target(request)
     headers, data = _request_steps(flight, target, _at_once(_read(flight)))
     flight.link = link
-    state.upstream.send_on(link, request.method, target, headers, data, flight)
-    flight.timer = state.loop.call_later(cfg.first_byte_timeout, flight._timed_out)
+    state.upstream.send_on(link, request.method, target, headers, data, flight, within=cfg.first_byte_timeout)
     interrupter.watch(flight._interrupted)
 
 

@@ -92,10 +92,10 @@ class UpstreamPool(Protocol):
 
     def send_on(
         self, link: UpstreamLink, method: str, target: str, headers: CIMultiDict[str],
-        body: bytes | bytearray | None, receiver: HeadReceiver,
+        body: bytes | bytearray | None, receiver: HeadReceiver, *, within: float,
     ) -> None:
-        """Send a request on `link` (from `take_idle`); its head, or why none came, goes to `receiver`.
-        Not bounded in time: the caller's first-byte timer bounds it, and closes the link."""
+        """Send a request on `link` (from `take_idle`); its head, or why none came (a first-byte
+        timeout after `within` seconds too), goes to `receiver`, which closes the link when it failed."""
 
     def release(self, link: UpstreamLink) -> None:
         """The exchange is done with it: back to the pool when complete and reusable, else closed."""

@@ -75,12 +75,12 @@ class ConnectionPool:
 
     def send_on(
         self, link: UpstreamLink, method: str, target: str, headers: CIMultiDict[str],
-        body: bytes | bytearray | None, receiver: HeadReceiver,
+        body: bytes | bytearray | None, receiver: HeadReceiver, *, within: float,
     ) -> None:
         assert isinstance(link, UpstreamConnection)
         head = encode_request(method, self._prefix + target, self._host_header, headers, body)
         try:
-            link.send(head, body, head_only=method == "HEAD", receiver=receiver)
+            link.send(head, body, head_only=method == "HEAD", receiver=receiver, within=within)
         except BaseException:
             link.close()
             raise
