@@ -143,11 +143,11 @@ class MainPort:
 class ClientConnection(asyncio.Protocol):
     """One client connection (a `ClientChannel` for its exchanges)."""
 
-    __slots__ = ("_answered_waiter", "_blocks", "_complete", "_counted", "_current", "_cutter", "_drain_waiter",
-                 "_due", "_head", "_head_bytes", "_header_count", "_headers", "_held_at", "_loop", "_oversize",
-                 "_parser", "_parsing", "_peer", "_port", "_queue", "_reading", "_refusals", "_release_due",
-                 "_rules", "_task", "_timer", "_unparsed", "_url", "flow_hooks", "peak_parsed_ahead", "state",
-                 "transport", "writing_paused")  # fmt: skip
+    __slots__ = ("_answered_waiter", "_blocks", "_complete", "_counted", "_current", "_cutter", "_deadline_at",
+                 "_drain_waiter", "_due", "_head", "_head_bytes", "_header_count", "_headers", "_held_at", "_loop",
+                 "_on_deadline", "_oversize", "_parser", "_parsing", "_peer", "_port", "_queue", "_reading",
+                 "_refusals", "_release_due", "_rules", "_task", "_timer", "_unparsed", "_url", "flow_hooks",
+                 "peak_parsed_ahead", "state", "transport", "writing_paused")  # fmt: skip
 
     def __init__(self, port: MainPort) -> None:
         self._port = port
@@ -160,7 +160,12 @@ class ClientConnection(asyncio.Protocol):
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._head: HeadScanner | None = HeadScanner(port.rules.max_header_size)
         self.state = State.OPEN
-        self._timer: asyncio.TimerHandle | None = None  # the state's deadline (header, keep-alive, lingering)
+        # The state's deadline (header, keep-alive, lingering): when, and what it does then. Its one timer
+        # outlives the deadlines (moved on when it comes early), rather than a timer made and cancelled
+        # for each (two per keep-alive request).
+        self._deadline_at = 0.0
+        self._on_deadline: Callable[[], None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._counted = False  # in the port's count: from the accept (unless refused at the limit) to the loss
         self._url = b""
         self._headers: list[tuple[str, str]] = []
@@ -245,7 +250,7 @@ class ClientConnection(asyncio.Protocol):
             self._counted = False
             self._port.open_connections -= 1
             self._port.connections.discard(self)
-        self._disarm()
+        self._drop_timer()  # (the timer holds this protocol: freed at once, not when it comes)
         if self._current is not None:
             # The client left: an event to its exchange, first (one road: a body read it is in raises
             # the exchange's `Interrupted`, and the upstream is cancelled as its answer says).
@@ -278,7 +283,7 @@ class ClientConnection(asyncio.Protocol):
             if self.state is State.IDLE:
                 self._to(State.OPEN)  # a next request's first byte: its head is under the header deadline
                 self._disarm()
-            if self._timer is None:
+            if self._on_deadline is None:
                 self._arm(self._rules.header_timeout, self._head_timed_out)
             try:
                 complete = head.feed(data)
@@ -592,21 +597,41 @@ class ClientConnection(asyncio.Protocol):
         self.state = state
 
     def _arm(self, seconds: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        self._timer = self._loop.call_later(seconds, callback)
+        """`callback` at `seconds` from now (replacing the deadline armed before)."""
+        at = self._deadline_at = self._loop.time() + seconds
+        self._on_deadline = callback
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= at:
+                return  # it comes first, and moves on to `at`
+            timer.cancel()
+        self._timer = self._loop.call_at(at, self._deadline_passed)
 
     def _disarm(self) -> None:
+        self._on_deadline = None  # (the timer, if any, finds nothing to do when it comes)
+
+    def _drop_timer(self) -> None:
+        self._on_deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _idle_timed_out(self) -> None:
+    def _deadline_passed(self) -> None:
         self._timer = None
+        callback = self._on_deadline
+        if callback is None:
+            return
+        if self._loop.time() < self._deadline_at:  # came early: the deadline moved on since it was set
+            self._timer = self._loop.call_at(self._deadline_at, self._deadline_passed)
+            return
+        self._on_deadline = None
+        callback()
+
+    def _idle_timed_out(self) -> None:
         if self._current is None and self._parsing is None and self.transport is not None:
             self.transport.close()  # nothing was asked: close quietly, as nginx does
 
     def _head_timed_out(self) -> None:
-        self._timer = None
         head = self._head
         if head is None or self._current is not None:
             return
