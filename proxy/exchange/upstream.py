@@ -16,7 +16,6 @@ cut while it moves), and shutdown's `interrupt` wakes it.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Protocol
 
 from multidict import CIMultiDict
@@ -27,17 +26,18 @@ from proxy.exchange.flow import BodyBuffer
 __all__ = ["HIGH_WATER", "BodyReader", "BodySink", "HeadReceiver", "UpstreamHead", "UpstreamLink", "UpstreamPool"]
 
 
-@dataclass(slots=True)
 class UpstreamHead:
     """The upstream's status line and headers (interim 1xx responses are skipped before it)."""
 
-    # (Not frozen, like the other records made on every request: a frozen dataclass takes three times the
-    # work to make, an object.__setattr__ per field; nothing assigns to one once made.)
+    # (A plain class with its own `__init__`, made once per request: compiled, a dataclass's generated
+    # `__init__` runs as interpreted code.)
+    __slots__ = ("content_length", "headers", "reason", "status")
 
-    status: int
-    reason: str
-    headers: CIMultiDict[str]
-    content_length: int | None
+    def __init__(self, status: int, reason: str, headers: CIMultiDict[str], content_length: int | None) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.content_length = content_length
 
 
 class BodySink(Protocol):
