@@ -16,7 +16,6 @@ body broke).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -82,16 +81,40 @@ class Close(StrEnum):
     NOW = "now"  # closed at once, nothing more read: a client too slow to send, shutdown, one gone
 
 
-@dataclass(slots=True)
 class Answer:
-    # (Not frozen, like the other records made on every request: a frozen dataclass takes three times the
-    # work to make, an object.__setattr__ per field; nothing assigns to one once made.)
+    """What the shell does about an ending (made once per exchange).
+
+    (A plain class with its own `__init__`, not a dataclass: compiled, a dataclass's generated
+    `__init__` runs as interpreted code.)"""
+
+    __slots__ = ("cancel", "close", "code", "drain", "reason", "reply")
+
     reason: Reason
-    cancel: Cancellation | None = None  # count this cancellation and close the upstream connection
-    drain: bool = False  # read the upstream to its end for its usage (--on-abandon drain), then close
-    reply: Reply = Reply.NOTHING
-    code: int = 0  # a refusal's own status where its reason has several (bad_request: 400, 405, 431, 505)
-    close: Close = Close.KEEP
+    cancel: Cancellation | None  # count this cancellation and close the upstream connection
+    drain: bool  # read the upstream to its end for its usage (--on-abandon drain), then close
+    reply: Reply
+    code: int  # a refusal's own status where its reason has several (bad_request: 400, 405, 431, 505)
+    close: Close
+
+    def __init__(
+        self, reason: Reason, cancel: Cancellation | None = None, drain: bool = False, reply: Reply = Reply.NOTHING,
+        code: int = 0, close: Close = Close.KEEP,
+    ) -> None:  # fmt: skip
+        self.reason = reason
+        self.cancel = cancel
+        self.drain = drain
+        self.reply = reply
+        self.code = code
+        self.close = close
+
+    def _fields(self) -> tuple[Reason, Cancellation | None, bool, Reply, int, Close]:
+        return self.reason, self.cancel, self.drain, self.reply, self.code, self.close
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Answer) and self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return "Answer({})".format(", ".join(repr(value) for value in self._fields()))
 
     @property
     def status(self) -> int:

@@ -71,8 +71,8 @@ class ClientBody(BodyBuffer):
 class ClientRequest:
     """One request as the main port parsed it."""
 
-    __slots__ = ("_on_departure", "channel", "content", "content_length", "departed", "headers", "keep_alive",
-                 "method", "path", "raw_path", "remote", "version")  # fmt: skip
+    __slots__ = ("_on_departure", "channel", "content", "content_length", "departed", "finished", "headers",
+                 "keep_alive", "method", "path", "raw_path", "remote", "task", "version")  # fmt: skip
 
     def __init__(
         self, channel: ClientChannel, method: str, raw_path: str, path: str, version: tuple[int, int],
@@ -93,6 +93,10 @@ class ClientRequest:
         self.content_length = int(length) if length is not None and length.isascii() and length.isdigit() else None
         self.departed = False
         self._on_departure: _Hook | None = None
+        # An exchange carried in callbacks (no task of the connection's) calls `finished` once, at its
+        # end; `task` is one it handed the rest to, where a wait was real (shutdown's last resort).
+        self.finished: Callable[[ClientRequest], None] | None = None
+        self.task: asyncio.Task[None] | None = None
 
     def on_departure(self, hook: _Hook | None) -> None:
         """`hook` is the exchange's: called when the client leaves (at once if it has); None when the
@@ -100,6 +104,13 @@ class ClientRequest:
         self._on_departure = hook
         if self.departed and hook is not None:
             hook()
+
+    def finish(self) -> None:
+        """The exchange carried in callbacks is over (once): the connection's next request may start."""
+        hook, self.finished = self.finished, None
+        self.task = None
+        if hook is not None:
+            hook(self)
 
     def depart(self) -> None:
         """The client's connection closed: an event to the exchange, not a cancel of its task."""

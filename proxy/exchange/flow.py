@@ -63,6 +63,21 @@ class BodyBuffer:
         return self._eof
 
     @property
+    def whole(self) -> bool:
+        """The body came to its end and nothing failed it: every take from now on is at once."""
+        return self._eof and self._error is None
+
+    @property
+    def settled(self) -> bool:
+        """The body's end or its failure came: no take from now on waits."""
+        return self._eof or self._error is not None
+
+    @property
+    def size(self) -> int:
+        """The bytes put and not yet taken."""
+        return self._size
+
+    @property
     def at_eof(self) -> bool:
         return self._eof and not self._pieces
 

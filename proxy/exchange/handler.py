@@ -11,8 +11,8 @@ departed client never leaves a half-read connection in the pool.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar, cast
 
 from multidict import CIMultiDict
 
@@ -43,6 +43,10 @@ _CAUSE_MAX = 200
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 _REQUEST_ID_MAX = 200
 _SHUTTING_DOWN = "the proxy is shutting down"
+# A whole body up to this size, all here with its head, is answered in the upstream's callback: a
+# client whose socket buffer is empty takes it without pausing the writes (uvloop's high water: 64 KiB).
+_AT_ONCE_BYTES = 32 * 1024
+_T = TypeVar("_T")
 
 
 def client_request_id(value: str | None) -> bool:
@@ -50,25 +54,95 @@ def client_request_id(value: str | None) -> bool:
     return value is not None and 0 < len(value) <= _REQUEST_ID_MAX and value.isascii() and value.isprintable()
 
 
-@dataclass(slots=True)
 class _Flight:
-    """What one exchange holds while it runs: its upstream request and answer, its stream guard."""
+    """One exchange, what it holds while it runs (its request, records, upstream request and answer,
+    stream guard), and, while it is carried in callbacks, the upstream head's receiver."""
 
-    ex: ExchangeRecord
-    life: Lifecycle
-    dialect: Dialect
-    out: ClientWriter
-    interrupter: Interrupter
-    info: RequestInfo | None = None
-    sending: asyncio.Future[tuple[UpstreamLink, UpstreamHead]] | None = None
-    link: UpstreamLink | None = None
-    head: UpstreamHead | None = None
-    reader: BodyReader | None = None  # a whole body's
-    guard: StreamGuard | None = None
-    handed_over: bool = False  # a drain task owns the upstream and the books from here on
+    __slots__ = ("dialect", "ex", "guard", "handed_over", "head", "headers", "info", "interrupter", "life", "link",
+                 "out", "reader", "request", "resumer", "sending", "state", "target")  # fmt: skip
+
+    def __init__(self, request: ClientRequest, state: ProxyState, ex: ExchangeRecord, life: Lifecycle,
+                 dialect: Dialect) -> None:  # fmt: skip
+        self.request = request
+        self.state = state
+        self.ex = ex
+        self.life = life
+        self.dialect = dialect
+        self.out = ClientWriter(request, ex, life, state.config.client_stall_timeout)
+        self.interrupter = Interrupter()
+        self.info: RequestInfo | None = None
+        self.sending: asyncio.Future[tuple[UpstreamLink, UpstreamHead]] | None = None
+        self.link: UpstreamLink | None = None
+        self.head: UpstreamHead | None = None
+        self.reader: BodyReader | None = None  # a whole body's
+        self.guard: StreamGuard | None = None
+        self.handed_over = False  # a drain task owns the upstream and the books from here on
+        # What a stream's continuation needs (--resume-on-cut), kept from the request's steps.
+        self.target = ""
+        self.headers: CIMultiDict[str] | None = None
+        self.resumer: Resumer | None = None
+
+    # ---- HeadReceiver: the upstream's head, while the exchange is carried in callbacks --------------
+
+    def on_head(self, head: UpstreamHead) -> None:
+        self._waited()
+        try:
+            link = self.link
+            assert link is not None
+            if _headed(self, head):
+                self.hand_over(_streamed(self))
+                return
+            reader = self.reader = BodyReader(link)  # (what came with the head is delivered at once)
+            if not _whole_at_once(self, reader):
+                self.hand_over(_whole(self))  # more body to wait for, or a client to wait on: a task
+                return
+            answer = _at_once(_respond(self))
+            if not _tell_now(self, answer, ""):
+                assert answer is not None
+                self.hand_over(settle(self.out, answer))
+                return
+        except Exception as exc:
+            if not _answer_now(self, exc):
+                self.hand_over(_settle_ended(self))
+                return
+        self.end()
+
+    def on_failure(self, failure: UpstreamFailure) -> None:
+        self._waited()
+        self._ended_by(failure)
+
+    def _interrupted(self, cause: Cause) -> None:
+        self._waited()
+        self._ended_by(Interrupted(cause))
+
+    def _waited(self) -> None:
+        """The wait for the head is over: its interrupter's watch goes."""
+        self.interrupter.forget()
+
+    def _ended_by(self, error: Exception) -> None:
+        if self.life.ended is not None:
+            return  # (ended already: the first ending stands)
+        if not _answer_now(self, error):
+            self.hand_over(_settle_ended(self))
+            return
+        self.end()
+
+    def hand_over(self, work: Coroutine[Any, Any, None]) -> None:
+        """The rest waits for real (a stream, a body still arriving, a client to drain): a task runs it,
+        with the same endings, and the books at its end."""
+        self.request.task = self.state.loop.create_task(_then(self, work, finish=True))
+
+    def end(self) -> None:
+        try:
+            _finish(self)
+        finally:
+            self.request.finish()
 
 
-async def handle(request: ClientRequest, state: ProxyState) -> None:
+def handle(request: ClientRequest, state: ProxyState) -> Coroutine[Any, Any, None] | None:
+    """Begin one exchange. A request whose body is all here, with an idle upstream connection to send
+    it on, is carried in the connections' callbacks (None: it calls `request.finish()` at its end);
+    any other hands back the coroutine that runs it, as the connection's task."""
     cfg = state.config
     dialect = for_request(request.method, request.path)
     sent_id = request.headers.get(_REQUEST_ID)
@@ -77,65 +151,175 @@ async def handle(request: ClientRequest, state: ProxyState) -> None:
     if sent_id is not None and sent_id != request_id:
         ex.client_request_id = sent_id  # logged escaped and cut; never echoed or sent upstream
     life = Lifecycle(ex, drain_on_abandon=cfg.on_abandon == "drain")
-    flight = _Flight(ex, life, dialect, ClientWriter(request, ex, life, cfg.client_stall_timeout), Interrupter())
+    flight = _Flight(request, state, ex, life, dialect)
     state.books.start(ex, request.headers)
     state.track(flight.interrupter, ex)
-    request.on_departure(lambda: flight.interrupter.fire(Cause.CLIENT_GONE))
+    interrupter = flight.interrupter
+    request.on_departure(lambda: interrupter.fire(Cause.CLIENT_GONE))
+    link = _quick_link(flight)
+    if link is None:
+        return _then(flight, _exchange(flight), finish=False)
     try:
-        try:
-            if state.draining:
-                raise Refusal(Reason.SHUTDOWN, _SHUTTING_DOWN)
-            return await _exchange(request, state, flight)
-        except Refusal as refusal:
-            ex.cause = refusal.message[:_CAUSE_MAX]
-            return await _tell(flight, life.refused(refusal.reason), refusal.message, refusal.headers)
-        except UpstreamFailure as failure:
-            ex.cause = failure.message[:_CAUSE_MAX]  # the client got it; the log line says it too
-            return await _tell(flight, life.upstream_failed(failure.reason), failure.message)
-        except Interrupted as interruption:  # shutdown, or the client's departure, inside the wait it was in
-            return await _tell(flight, told(life, interruption.cause), _SHUTTING_DOWN)
-    except ClientStalled:
-        return await _tell(flight, life.client_stalled(), "")
-    except ConnectionError:  # a write found the client's socket closed before its close was noticed
-        return await _tell(flight, life.client_gone(), "")
-    except asyncio.CancelledError:  # shutdown's final cleanup cut this one
-        life.interrupted()
-        raise
-    except Exception:
-        answer = life.bug()
-        state.books.logger.exception("proxy_error", request_id=ex.request_id)
-        try:
-            return await _tell_bug(flight, answer)
-        except (ClientStalled, ConnectionError):
-            return flight.out.cut()
-    finally:
-        state.body_budget.give_back(ex.body_reserved)
-        ex.body_reserved = 0
-        flight.out.release_flow()
-        ended = life.ended
-        if ended is not None and ended.drain:  # --on-abandon drain: the upstream is read on, not cancelled
-            _hand_over_to_drain(state, flight)
-        if not flight.handed_over:  # (else the drain task does this when it is done)
-            _release_upstream(state, flight)
-            state.untrack(flight.interrupter)
-            state.books.finish(ex)
-            state.cancel_hooks.fire(ex, request.headers)  # --cancel-hook: after a cancelled upstream
-            flight.interrupter.forget()  # no cycle outlives the exchange: refcounting frees it, not the GC
-        request.on_departure(None)
+        _send_now(flight, link)
+    except Exception as exc:
+        flight.link = flight.link or link  # (taken from the pool: closed, or given back, as it ended)
+        if not _answer_now(flight, exc):
+            flight.hand_over(_settle_ended(flight))
+            return None
+        flight.end()
+    return None
 
 
-async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) -> None:
-    cfg, ex, life, dialect = state.config, flight.ex, flight.life, flight.dialect
+def _quick_link(flight: _Flight) -> UpstreamLink | None:
+    """An idle upstream connection when nothing before the upstream's head can wait: the body all
+    here and within every bound at once, no `100-continue` to answer, not shutting down, no drain;
+    else None (the exchange runs as a task)."""
+    request, state = flight.request, flight.state
+    if state.draining or flight.life.drain_on_abandon or not request.content.whole or "Expect" in request.headers:
+        return None
+    announced = request.content_length
+    if announced is None:
+        if "Transfer-Encoding" in request.headers:
+            return None  # (a chunked body is reserved as it comes, which may wait)
+    elif announced > state.config.max_body_size or state.body_budget.used + announced > state.body_budget.limit:
+        return None
+    return state.upstream.take_idle()
+
+
+def _send_now(flight: _Flight, link: UpstreamLink) -> None:
+    """`_exchange`'s steps up to the request sent, in this call (nothing can wait: `_quick_link`);
+    the head (or why none came, a first-byte timeout too) reaches the flight's `on_head` (`on_failure`)."""
+    state, request, cfg, interrupter = flight.state, flight.request, flight.state.config, flight.interrupter
     target = upstream_target(request)
+    headers, data = _request_steps(flight, target, _at_once(_read(flight)))
+    flight.link = link
+    state.upstream.send_on(link, request.method, target, headers, data, flight, within=cfg.first_byte_timeout)
+    interrupter.watch(flight._interrupted)
+
+
+async def _read(flight: _Flight) -> bytes | bytearray:
+    request, state = flight.request, flight.state
     content = request.content
     flight.interrupter.watch(lambda cause: content.set_exception(Interrupted(cause)))
-    body = await read_body(request, cfg, state.body_budget, ex)
-    info, resumer = _read_request(cfg, dialect, body, request.headers.get("Content-Encoding"))
-    flight.info = info
+    return await read_body(request, state.config, state.body_budget, flight.ex)
+
+
+def _request_steps(
+    flight: _Flight, target: str, body: bytes | bytearray
+) -> tuple[CIMultiDict[str], bytes | bytearray | None]:
+    """The request as it goes upstream (its headers and body), its facts noted; the lifecycle told it
+    is sent."""
+    request, state, ex, dialect = flight.request, flight.state, flight.ex, flight.dialect
+    info, resumer = _read_request(state.config, dialect, body, request.headers.get("Content-Encoding"))
+    flight.info, flight.resumer = info, resumer
     ex.model, ex.stream = info.model, info.stream
     headers = upstream_headers(request, state, dialect, ex)
     data = body if body or request.method not in _NO_BODY_METHODS else None
-    life.sent()
+    if resumer is not None:
+        flight.target, flight.headers = target, headers  # (a continuation resends them)
+    flight.life.sent()
+    return headers, data
+
+
+def _at_once(work: Coroutine[Any, Any, _T]) -> _T:
+    """Run a step that cannot wait here (each of its waits' conditions is met: it completes on its
+    first send) and return its result; its exceptions are the step's."""
+    try:
+        work.send(None)
+    except StopIteration as done:
+        return cast(_T, done.value)
+    work.close()
+    raise RuntimeError("a step run at once waited")
+
+
+def _whole_at_once(flight: _Flight, reader: BodyReader) -> bool:
+    """A whole body all here (or failed), small, for a client whose socket takes it without a wait:
+    `respond_whole` and the reply complete in this call."""
+    if not reader.settled or reader.size > _AT_ONCE_BYTES:
+        return False
+    transport = flight.request.channel.transport
+    return transport is None or (not flight.out.paused and transport.get_write_buffer_size() == 0)
+
+
+async def _then(flight: _Flight, work: Coroutine[Any, Any, None], *, finish: bool) -> None:
+    """Run the exchange's steps (or the rest of them) as a task: every ending the lifecycle's, carried
+    out, then the books (and, `finish`, the connection told)."""
+    life = flight.life
+    try:
+        try:
+            await work
+        except asyncio.CancelledError:  # shutdown's final cleanup cut this one
+            life.interrupted()
+            raise
+        except Exception as exc:
+            if not _answer_now(flight, exc):
+                await _settle_ended(flight)
+    finally:
+        if finish:
+            flight.end()
+        else:
+            _finish(flight)
+
+
+async def _settle_ended(flight: _Flight) -> None:
+    answer = flight.life.ended
+    assert answer is not None
+    await settle(flight.out, answer)
+
+
+def _answer_now(flight: _Flight, exc: Exception) -> bool:
+    """What ended the exchange's steps, as the lifecycle's event, its answer carried out; True when
+    done, False when the client must first take it in (`settle`). The one road for both ways an
+    exchange runs (a task, or callbacks)."""
+    state, ex, life = flight.state, flight.ex, flight.life
+    try:
+        if isinstance(exc, Refusal):
+            ex.cause = exc.message[:_CAUSE_MAX]
+            return _tell_now(flight, life.refused(exc.reason), exc.message, exc.headers)
+        if isinstance(exc, UpstreamFailure):
+            ex.cause = exc.message[:_CAUSE_MAX]  # the client got it; the log line says it too
+            return _tell_now(flight, life.upstream_failed(exc.reason), exc.message)
+        if isinstance(exc, Interrupted):  # shutdown, or the client's departure, inside the wait it was in
+            return _tell_now(flight, told(life, exc.cause), _SHUTTING_DOWN)
+        if isinstance(exc, ClientStalled):
+            return _tell_now(flight, life.client_stalled(), "")
+        if isinstance(exc, ConnectionError):  # a write found the client's socket closed before its close was noticed
+            return _tell_now(flight, life.client_gone(), "")
+        answer = life.bug()
+        state.books.logger.exception("proxy_error", request_id=ex.request_id)  # (inside the caller's except)
+        return _tell_bug_now(flight, answer)
+    except (ClientStalled, ConnectionError):  # the telling failed: the verdict stands, the client is cut
+        flight.out.cut()
+    except Exception:
+        state.books.logger.exception("proxy_error", request_id=ex.request_id)
+        flight.out.cut()
+    return True
+
+
+def _finish(flight: _Flight) -> None:
+    """The exchange is over: its body budget back, the upstream released (or drained), the books."""
+    state, ex, request = flight.state, flight.ex, flight.request
+    state.body_budget.give_back(ex.body_reserved)
+    ex.body_reserved = 0
+    flight.out.release_flow()
+    ended = flight.life.ended
+    if ended is not None and ended.drain:  # --on-abandon drain: the upstream is read on, not cancelled
+        _hand_over_to_drain(state, flight)
+    if not flight.handed_over:  # (else the drain task does this when it is done)
+        _release_upstream(state, flight)
+        state.untrack(flight.interrupter)
+        state.books.finish(ex)
+        state.cancel_hooks.fire(ex, request.headers)  # --cancel-hook: after a cancelled upstream
+        flight.interrupter.forget()  # no cycle outlives the exchange: refcounting frees it, not the GC
+    request.on_departure(None)
+
+
+async def _exchange(flight: _Flight) -> None:
+    state, request, cfg, life = flight.state, flight.request, flight.state.config, flight.life
+    if state.draining:
+        raise Refusal(Reason.SHUTDOWN, _SHUTTING_DOWN)
+    target = upstream_target(request)
+    headers, data = _request_steps(flight, target, await _read(flight))
     try:
         with Deadline(state.loop, cfg.first_byte_timeout) as deadline:
             flight.interrupter.watch_deadline(deadline)
@@ -145,48 +329,77 @@ async def _exchange(request: ClientRequest, state: ProxyState, flight: _Flight) 
                 link, head = await asyncio.shield(flight.sending)
             else:
                 link, head = await sending
-            flight.link, flight.head = link, head
+            flight.link = link
     except TimeoutError as exc:
         if flight.interrupter.fired:
             raise flight.interrupter.error() from exc
         raise first_byte_timeout(cfg.first_byte_timeout) from None
+    # (what only the request needed is not kept while a stream runs)
+    del data, sending, deadline, headers
+    if _headed(flight, head):
+        return await _streamed(flight)
+    flight.reader = BodyReader(link)
+    await _whole(flight)
+
+
+def _headed(flight: _Flight, head: UpstreamHead) -> bool:
+    """The upstream's head came: the lifecycle told, the request's bytes let go; True for a stream
+    (its guard made), False for a whole body. Raises an `UpstreamFailure` for a status not passed on."""
+    state, ex, life, resumer = flight.state, flight.ex, flight.life, flight.resumer
+    flight.head = head
     # The body has gone upstream: its bytes no longer count against the shared bound (unless
     # --resume-on-cut keeps them for a continuation: then they count until the exchange ends).
     if resumer is None or not resumer.possible:
         state.body_budget.give_back(ex.body_reserved)
         ex.body_reserved = 0
-    # What only the request needed is not kept while a stream runs (its headers are, for a
-    # continuation, which resends them).
-    del body, data, sending, deadline
-    if resumer is None:
-        del headers
     ex.upstream_status = head.status
     if not 200 <= head.status <= 599:  # an unrequested 101 (Upgrade is hop-by-hop, never sent), or junk
         message = f"the upstream answered with status {head.status}, which is not passed on"
         raise UpstreamFailure(Reason.BAD_UPSTREAM_RESPONSE, message)
     stream = is_stream(head)
     life.headers_received(stream=stream)
-    if stream:
-        ex.stream = True
-        may_resume = resumer.may_resume if resumer is not None else None
-        flight.guard = StreamGuard(
-            dialect, hold=cfg.hold_headers > 0, max_event_size=cfg.max_event_size, may_resume=may_resume
-        )
-        resuming = None
-        if resumer is not None:
-            if resumer.possible:  # (else every break is refused: no transcript to keep)
-                resumer.watch(flight.guard.stream)
-            ex.resumer = resumer
-            resuming = _resuming(state, flight, resumer, target, headers)
-        return await relay_stream(
-            link, head, flight.guard, flight.out, life, ex, cfg, flight.interrupter, resuming
-        )
-    reader = flight.reader = BodyReader(link)
-    answer = await respond_whole(
-        reader, head, flight.out, life, ex, dialect, info, flight.interrupter,
+    if not stream:
+        return False
+    cfg = state.config
+    ex.stream = True
+    may_resume = resumer.may_resume if resumer is not None else None
+    flight.guard = StreamGuard(
+        flight.dialect, hold=cfg.hold_headers > 0, max_event_size=cfg.max_event_size, may_resume=may_resume
+    )
+    return True
+
+
+async def _streamed(flight: _Flight) -> None:
+    state, ex, resumer, guard = flight.state, flight.ex, flight.resumer, flight.guard
+    assert flight.link is not None
+    assert flight.head is not None
+    assert guard is not None
+    resuming = None
+    if resumer is not None:
+        if resumer.possible:  # (else every break is refused: no transcript to keep)
+            resumer.watch(guard.stream)
+        ex.resumer = resumer
+        assert flight.headers is not None
+        resuming = _resuming(state, flight, resumer, flight.target, flight.headers)
+    flight.headers = None
+    await relay_stream(
+        flight.link, flight.head, guard, flight.out, flight.life, ex, state.config, flight.interrupter, resuming
+    )
+
+
+async def _respond(flight: _Flight) -> Answer | None:
+    cfg, reader, head, info = flight.state.config, flight.reader, flight.head, flight.info
+    assert reader is not None
+    assert head is not None
+    assert info is not None
+    return await respond_whole(
+        reader, head, flight.out, flight.life, flight.ex, flight.dialect, info, flight.interrupter,
         max_body_size=cfg.max_body_size, idle_timeout=cfg.idle_timeout,
     )
-    return await _tell(flight, answer, "")
+
+
+async def _whole(flight: _Flight) -> None:
+    await _tell(flight, await _respond(flight), "")
 
 
 def _read_request(
@@ -229,12 +442,13 @@ def _resuming(state: ProxyState, flight: _Flight, resumer: Resumer, target: str,
     return Resuming(resumer, reopen, tokenize, flight.interrupter, cfg.first_byte_timeout)
 
 
-async def _tell(
+def _tell_now(
     flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None,
     failure: Failure | None = None,
-) -> None:
-    """Carry out an ending's answer (`proxy.exchange.reply`) and let the client take it in; a STATUS
-    is worded by `message` or, when the guard worded it, by its `failure`."""
+) -> bool:
+    """Carry out an ending's answer (`proxy.exchange.reply`); True when done, False when the client
+    must first take it in (`settle`). A STATUS is worded by `message` or, when the guard worded it, by
+    its `failure`."""
     out = flight.out
     frame = b""
     if answer is not None and answer.reply is Reply.FRAME and flight.guard is not None:
@@ -245,14 +459,23 @@ async def _tell(
         )
     except ConnectionError:  # the verdict stands; the client simply did not take it
         out.cut()
-        return
+        return True
     if go_on:
         assert answer is not None
-        if not settle_now(out, answer):
-            await settle(out, answer)
+        return settle_now(out, answer)
+    return True
 
 
-async def _tell_bug(flight: _Flight, answer: Answer | None) -> None:
+async def _tell(
+    flight: _Flight, answer: Answer | None, message: str, headers: dict[str, str] | None = None,
+) -> None:
+    """`_tell_now`, and the client let take the reply in."""
+    if not _tell_now(flight, answer, message, headers):
+        assert answer is not None
+        await settle(flight.out, answer)
+
+
+def _tell_bug_now(flight: _Flight, answer: Answer | None) -> bool:
     """A bug of ours: a 500 in the dialect's shape, an error frame in a stream, else a cut; never a traceback."""
     guard, failure = flight.guard, None
     if guard is not None and answer is not None and answer.reply is Reply.STATUS:
@@ -260,11 +483,12 @@ async def _tell_bug(flight: _Flight, answer: Answer | None) -> None:
             failure = guard.fail(Reason.PROXY_ERROR).failure  # the dialect's own error, as the guard words it
         except Exception:  # the guard itself is what broke
             flight.out.cut()
-            return
+            return True
     try:
-        await _tell(flight, answer, "the proxy failed to handle the request", failure=failure)
+        return _tell_now(flight, answer, "the proxy failed to handle the request", failure=failure)
     except Exception:  # the guard itself is what broke
         flight.out.cut()
+        return True
 
 
 def _release_upstream(state: ProxyState, flight: _Flight) -> None:

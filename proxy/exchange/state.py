@@ -57,9 +57,10 @@ class ProxyState:
 
     def interrupt_all(self) -> int:
         """Shutdown's drain time is over: every exchange in flight is interrupted; returns how many."""
-        for interrupter in list(self.live):
+        live = list(self.live)  # (an exchange carried in callbacks ends, and leaves `live`, as it is fired)
+        for interrupter in live:
             interrupter.fire()
-        return len(self.live)
+        return len(live)
 
     @property
     def upstream(self) -> UpstreamPool:

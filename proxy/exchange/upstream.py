@@ -16,7 +16,6 @@ cut while it moves), and shutdown's `interrupt` wakes it.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Protocol
 
 from multidict import CIMultiDict
@@ -24,20 +23,21 @@ from multidict import CIMultiDict
 from proxy.exchange.errors import UpstreamFailure, stalled
 from proxy.exchange.flow import BodyBuffer
 
-__all__ = ["HIGH_WATER", "BodyReader", "BodySink", "UpstreamHead", "UpstreamLink", "UpstreamPool"]
+__all__ = ["HIGH_WATER", "BodyReader", "BodySink", "HeadReceiver", "UpstreamHead", "UpstreamLink", "UpstreamPool"]
 
 
-@dataclass(slots=True)
 class UpstreamHead:
     """The upstream's status line and headers (interim 1xx responses are skipped before it)."""
 
-    # (Not frozen, like the other records made on every request: a frozen dataclass takes three times the
-    # work to make, an object.__setattr__ per field; nothing assigns to one once made.)
+    # (A plain class with its own `__init__`, made once per request: compiled, a dataclass's generated
+    # `__init__` runs as interpreted code.)
+    __slots__ = ("content_length", "headers", "reason", "status")
 
-    status: int
-    reason: str
-    headers: CIMultiDict[str]
-    content_length: int | None
+    def __init__(self, status: int, reason: str, headers: CIMultiDict[str], content_length: int | None) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.content_length = content_length
 
 
 class BodySink(Protocol):
@@ -50,6 +50,16 @@ class BodySink(Protocol):
 
     def failed(self, failure: UpstreamFailure) -> None:
         """The body broke (a cut, bad framing); no more calls follow."""
+
+
+class HeadReceiver(Protocol):
+    """Who hears a response head from the connection's callbacks, instead of awaiting it (an exchange
+    that needs no task: `proxy.exchange.handler`). Each is called once at most, after llhttp's feed."""
+
+    def on_head(self, head: UpstreamHead) -> None: ...
+
+    def on_failure(self, failure: UpstreamFailure) -> None:
+        """No head will come (the connection closed or sent bad HTTP)."""
 
 
 class UpstreamLink(Protocol):
@@ -76,6 +86,16 @@ class UpstreamPool(Protocol):
         Raises `UpstreamFailure` (connect failed, closed, bad HTTP). Not bounded in time: the
         caller's first-byte deadline bounds it; a cancel closes the connection.
         """
+
+    def take_idle(self) -> UpstreamLink | None:
+        """An idle connection ready for a request, taken out of the pool; None when none is (no wait)."""
+
+    def send_on(
+        self, link: UpstreamLink, method: str, target: str, headers: CIMultiDict[str],
+        body: bytes | bytearray | None, receiver: HeadReceiver, *, within: float,
+    ) -> None:
+        """Send a request on `link` (from `take_idle`); its head, or why none came (a first-byte
+        timeout after `within` seconds too), goes to `receiver`, which closes the link when it failed."""
 
     def release(self, link: UpstreamLink) -> None:
         """The exchange is done with it: back to the pool when complete and reusable, else closed."""

@@ -1,15 +1,16 @@
 """The main port's client connections: an asyncio protocol per connection, requests parsed by llhttp.
 
-Each request becomes a `ClientRequest` handed to one exchange task (`proxy.exchange.handler.handle`);
-its body arrives from this protocol's callbacks, and the exchange writes its answer straight to the
-transport. One request is answered at a time: a pipelined one waits, parsed, until the one before it
-is answered, so answers go out in order. What a connection parses ahead is bounded: llhttp is fed one
-request at a time (`proxy.core.message_end` cuts the bytes at each request's end), and once
-MAX_PARSED_AHEAD requests wait behind the one in progress, the rest of the read is held unparsed and
-reading pauses until the queue drains (nginx, too, parses the next request only when its turn
-comes). A client that leaves is an event to its exchange (`ClientRequest.depart`), which ends it and
-cancels the upstream. The
-per-connection rules are nginx's defaults:
+Each request becomes a `ClientRequest` handed to one exchange (`proxy.exchange.handler.handle`),
+once llhttp's feed of the read that completed its head returns: the exchange runs in the
+connections' callbacks (it calls `ClientRequest.finish` at its end) or hands back a coroutine, run
+as the connection's task; its body arrives from this protocol's callbacks, and the exchange writes
+its answer straight to the transport. One request is answered at a time: a pipelined one waits,
+parsed, until the one before it is answered, so answers go out in order. What a connection parses
+ahead is bounded: llhttp is fed one request at a time (`proxy.core.message_end` cuts the bytes at
+each request's end), and once MAX_PARSED_AHEAD requests wait behind the one in progress, the rest of
+the read is held unparsed and reading pauses until the queue drains (nginx, too, parses the next
+request only when its turn comes). A client that leaves is an event to its exchange
+(`ClientRequest.depart`), which ends it and cancels the upstream. The per-connection rules are nginx's defaults:
 
 - `--client-header-timeout`: the request line and headers must arrive within it (from the accept,
   or from the first byte of a keep-alive connection's next request); else 408 and close. An idle
@@ -62,7 +63,9 @@ _BAD_BODY = "the request body's chunked framing is not valid HTTP/1.1"
 # high-water mark, the parse-ahead bound, or the end of parsing (a refusal, garbage, an upgrade: then
 # the close).
 _BODY, _PIPELINE, _STOP = 1, 2, 4
-_Handler = Callable[[ClientRequest], Coroutine[Any, Any, object]]
+# An exchange: None when it goes on in callbacks (it calls `request.finish()` at its end), else the
+# coroutine to run as the connection's task.
+_Handler = Callable[[ClientRequest], Coroutine[Any, Any, object] | None]
 
 
 class State(IntEnum):
@@ -127,21 +130,24 @@ class MainPort:
         running = self._running()
         if running:
             await asyncio.wait(running, timeout=grace)
-        for task in self._running():  # (what no event ended: shutdown's last resort, a cancel)
-            task.cancel()
+        for connection in list(self.connections):  # (what no event ended: shutdown's last resort, a cancel)
+            task = connection.task
+            if task is not None and not task.done():
+                task.cancel()
 
-    def _running(self) -> set[asyncio.Task[None]]:
-        return {c.task for c in self.connections if c.task is not None and not c.task.done()}
+    def _running(self) -> set[asyncio.Future[None]]:
+        """The exchanges still running, each as something to wait for (its end)."""
+        return {c.answered_waiter() for c in self.connections if c.running}
 
 
 class ClientConnection(asyncio.Protocol):
     """One client connection (a `ClientChannel` for its exchanges)."""
 
-    __slots__ = ("_blocks", "_complete", "_counted", "_current", "_cutter", "_drain_waiter", "_head",
-                 "_head_bytes", "_header_count", "_headers", "_held_at", "_loop", "_oversize", "_parser",
-                 "_parsing", "_peer", "_port", "_queue", "_reading", "_refusals", "_release_due", "_rules",
-                 "_task", "_timer", "_unparsed", "_url", "flow_hooks", "peak_parsed_ahead", "state", "transport",
-                 "writing_paused")  # fmt: skip
+    __slots__ = ("_answered_waiter", "_blocks", "_complete", "_counted", "_current", "_cutter", "_deadline_at",
+                 "_drain_waiter", "_due", "_head", "_head_bytes", "_header_count", "_headers", "_held_at", "_loop",
+                 "_on_deadline", "_oversize", "_parser", "_parsing", "_peer", "_port", "_queue", "_reading",
+                 "_refusals", "_release_due", "_rules", "_task", "_timer", "_unparsed", "_url", "flow_hooks",
+                 "peak_parsed_ahead", "state", "transport", "writing_paused")  # fmt: skip
 
     def __init__(self, port: MainPort) -> None:
         self._port = port
@@ -154,7 +160,12 @@ class ClientConnection(asyncio.Protocol):
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._head: HeadScanner | None = HeadScanner(port.rules.max_header_size)
         self.state = State.OPEN
-        self._timer: asyncio.TimerHandle | None = None  # the state's deadline (header, keep-alive, lingering)
+        # The state's deadline (header, keep-alive, lingering): when, and what it does then. Its one timer
+        # outlives the deadlines (moved on when it comes early), rather than a timer made and cancelled
+        # for each (two per keep-alive request).
+        self._deadline_at = 0.0
+        self._on_deadline: Callable[[], None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._counted = False  # in the port's count: from the accept (unless refused at the limit) to the loss
         self._url = b""
         self._headers: list[tuple[str, str]] = []
@@ -163,7 +174,9 @@ class ClientConnection(asyncio.Protocol):
         # deque, whose first block alone is ~600 bytes per connection).
         self._queue: list[ClientRequest] = []
         self._current: ClientRequest | None = None
+        self._due: ClientRequest | None = None  # the current one, begun once llhttp's feed returns
         self._task: asyncio.Task[None] | None = None
+        self._answered_waiter: asyncio.Future[None] | None = None  # (shutdown's: made only when it asks)
         self._complete: list[ClientRequest] = []  # requests whose body was received to its end (a few)
         self._peer: str | None = None
         # Flow control, apart from the state (a connection in any state may be paused either way):
@@ -237,7 +250,7 @@ class ClientConnection(asyncio.Protocol):
             self._counted = False
             self._port.open_connections -= 1
             self._port.connections.discard(self)
-        self._disarm()
+        self._drop_timer()  # (the timer holds this protocol: freed at once, not when it comes)
         if self._current is not None:
             # The client left: an event to its exchange, first (one road: a body read it is in raises
             # the exchange's `Interrupted`, and the upstream is cancelled as its answer says).
@@ -270,7 +283,7 @@ class ClientConnection(asyncio.Protocol):
             if self.state is State.IDLE:
                 self._to(State.OPEN)  # a next request's first byte: its head is under the header deadline
                 self._disarm()
-            if self._timer is None:
+            if self._on_deadline is None:
                 self._arm(self._rules.header_timeout, self._head_timed_out)
             try:
                 complete = head.feed(data)
@@ -294,7 +307,16 @@ class ClientConnection(asyncio.Protocol):
 
     def _feed(self, data: bytes, at: int = 0) -> None:
         """Feed `data[at:]`, cut at each request's end; hold the rest once reading is paused (by its
-        offset: a read of many pipelined requests is never copied once per request)."""
+        offset: a read of many pipelined requests is never copied once per request). A request whose
+        head came begins its exchange after the feed, outside llhttp's callbacks, with as much of its
+        body as the read brought."""
+        self._feed_pieces(data, at)
+        due = self._due
+        if due is not None:
+            self._due = None
+            self._begin(due)
+
+    def _feed_pieces(self, data: bytes, at: int) -> None:
         view = memoryview(data)
         size = len(data)
         while at < size:
@@ -314,6 +336,7 @@ class ClientConnection(asyncio.Protocol):
         parser = self._parser
         if parser is None:
             return False
+        parsed = True
         try:
             parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
@@ -321,8 +344,9 @@ class ClientConnection(asyncio.Protocol):
             self._block(_STOP)
         except httptools.HttpParserError:
             self._parse_failed()
-            return False
-        return self.state is not State.CLOSED and self.transport is not None and not self.transport.is_closing()
+            parsed = False
+        transport = self.transport
+        return parsed and self.state is not State.CLOSED and transport is not None and not transport.is_closing()
 
     def _parse_failed(self) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -419,7 +443,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self._parsing = request
         if self._current is None:
-            self._start(request)
+            self._start(request, now=False)
         else:
             self._enqueue(request)
 
@@ -470,21 +494,53 @@ class ClientConnection(asyncio.Protocol):
 
     @property
     def task(self) -> asyncio.Task[None] | None:
-        return self._task
+        """The task running the current exchange, if it has one (its own, or the one it handed over to)."""
+        if self._task is not None:
+            return self._task
+        return self._current.task if self._current is not None else None
+
+    @property
+    def running(self) -> bool:
+        """An exchange is in progress on this connection."""
+        return self._current is not None
+
+    def answered_waiter(self) -> asyncio.Future[None]:
+        """A future done when the current exchange is over (shutdown's wait; made only then)."""
+        if self._answered_waiter is None:
+            self._answered_waiter = self._loop.create_future()
+            if self._current is None:
+                self._answered_waiter.set_result(None)
+        return self._answered_waiter
 
     # ---- the exchanges ----------------------------------------------------------------------------
 
-    def _start(self, request: ClientRequest) -> None:
+    def _start(self, request: ClientRequest, *, now: bool = True) -> None:
+        """The request's turn; its exchange begins now, or (`now` False, inside llhttp's feed) once the
+        feed returns."""
         if (refusal := self._refusals.pop(request, None)) is not None:
             self._queue.clear()
             self._refuse(Reason.BAD_REQUEST, refusal[1], refusal[0])
             return
         self._current = request
-        self._task = self._loop.create_task(self._run(request))
+        if now:
+            self._begin(request)
+        else:
+            self._due = request
 
-    async def _run(self, request: ClientRequest) -> None:
+    def _begin(self, request: ClientRequest) -> None:
+        """The exchange runs in callbacks (it calls `request.finish()`, maybe before this returns), or
+        as this connection's task when it hands back a coroutine."""
+        if self._current is not request:
+            return  # (the connection was lost meanwhile)
+        request.finished = self._answered
+        work = self._port.handler(request)
+        if work is not None:
+            request.finished = None
+            self._task = self._loop.create_task(self._run(request, work))
+
+    async def _run(self, request: ClientRequest, work: Coroutine[Any, Any, object]) -> None:
         try:
-            await self._port.handler(request)
+            await work
         finally:
             self._answered(request)
 
@@ -493,6 +549,10 @@ class ClientConnection(asyncio.Protocol):
         self._current = None
         self._task = None
         self.flow_hooks = None
+        request.finished = None
+        waiter, self._answered_waiter = self._answered_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         whole = request in self._complete
         if whole:
             self._complete.remove(request)
@@ -537,21 +597,41 @@ class ClientConnection(asyncio.Protocol):
         self.state = state
 
     def _arm(self, seconds: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        self._timer = self._loop.call_later(seconds, callback)
+        """`callback` at `seconds` from now (replacing the deadline armed before)."""
+        at = self._deadline_at = self._loop.time() + seconds
+        self._on_deadline = callback
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= at:
+                return  # it comes first, and moves on to `at`
+            timer.cancel()
+        self._timer = self._loop.call_at(at, self._deadline_passed)
 
     def _disarm(self) -> None:
+        self._on_deadline = None  # (the timer, if any, finds nothing to do when it comes)
+
+    def _drop_timer(self) -> None:
+        self._on_deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _idle_timed_out(self) -> None:
+    def _deadline_passed(self) -> None:
         self._timer = None
+        callback = self._on_deadline
+        if callback is None:
+            return
+        if self._loop.time() < self._deadline_at:  # came early: the deadline moved on since it was set
+            self._timer = self._loop.call_at(self._deadline_at, self._deadline_passed)
+            return
+        self._on_deadline = None
+        callback()
+
+    def _idle_timed_out(self) -> None:
         if self._current is None and self._parsing is None and self.transport is not None:
             self.transport.close()  # nothing was asked: close quietly, as nginx does
 
     def _head_timed_out(self) -> None:
-        self._timer = None
         head = self._head
         if head is None or self._current is not None:
             return

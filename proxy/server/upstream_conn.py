@@ -26,8 +26,8 @@ from multidict import CIMultiDict
 
 from proxy.core.headers import is_chunked
 from proxy.core.lifecycle import Reason
-from proxy.exchange.errors import UpstreamFailure
-from proxy.exchange.upstream import BodySink, UpstreamHead
+from proxy.exchange.errors import UpstreamFailure, first_byte_timeout
+from proxy.exchange.upstream import BodySink, HeadReceiver, UpstreamHead
 
 __all__ = ["MAX_HEAD_BYTES", "MAX_INTERIM", "Response", "UpstreamConnection", "encode_request"]
 
@@ -93,9 +93,10 @@ def encode_request(
 
 
 class UpstreamConnection(asyncio.Protocol):
-    __slots__ = ("_failure", "_feeding", "_head_only", "_head_size", "_headers", "_interim", "_on_lost",
-                 "_parser", "_pending", "_reason", "_sink", "_told", "_until_eof", "_waiter", "closed",
-                 "idle_timer", "loop", "response", "reusable", "transport")  # fmt: skip
+    __slots__ = ("_failure", "_feeding", "_head_by", "_head_due", "_head_only", "_head_size", "_head_timer",
+                 "_head_within", "_headers", "_interim", "_on_lost", "_parser", "_pending", "_reason", "_receiver",
+                 "_sink", "_told", "_until_eof", "_waiter", "closed", "idle_timer", "loop", "response", "reusable",
+                 "transport")  # fmt: skip
 
     def __init__(self, on_lost: Callable[[UpstreamConnection], None]) -> None:
         self._on_lost = on_lost
@@ -105,6 +106,15 @@ class UpstreamConnection(asyncio.Protocol):
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.response = IDLE
         self._waiter: asyncio.Future[UpstreamHead] | None = None
+        # Or, instead of the future, the exchange that hears the head from this protocol's callbacks
+        # (after llhttp's feed: `_head_due` holds it meanwhile).
+        self._receiver: HeadReceiver | None = None
+        self._head_due: UpstreamHead | None = None
+        # A receiver's first-byte deadline (loop time) and its one timer, which outlives the requests
+        # (moved on when it comes early, as the pool's idle timer), rather than a timer made per request.
+        self._head_by = 0.0
+        self._head_within = 0.0
+        self._head_timer: asyncio.TimerHandle | None = None
         self._sink: BodySink | None = None
         self._pending: list[bytes] = []  # body pieces not yet given to the sink (one batch per read)
         # Not states of the response, but bookkeeping beside it: whether the attached sink heard the
@@ -129,14 +139,29 @@ class UpstreamConnection(asyncio.Protocol):
 
     # ---- what the pool and the exchange call ------------------------------------------------------
 
-    def send(self, request: bytes, body: bytes | bytearray | None, *, head_only: bool) -> asyncio.Future[UpstreamHead]:
-        """Write one request; the future resolves with the response head (or an `UpstreamFailure`)."""
+    def send(
+        self, request: bytes, body: bytes | bytearray | None, *, head_only: bool,
+        receiver: HeadReceiver | None = None, within: float = 0.0,
+    ) -> asyncio.Future[UpstreamHead] | None:
+        """Write one request; the future resolves with the response head (or an `UpstreamFailure`), or
+        with a `receiver`, no future: the receiver hears the head or the failure from the callbacks,
+        a first-byte timeout too when no head came `within` seconds."""
         assert self.transport is not None
         self._to(WAITING)
         self._sink, self._pending, self._failure, self._told = None, [], None, False
         self._headers, self._reason, self._head_size, self._interim = CIMultiDict(), b"", 0, 0
         self._head_only, self._until_eof, self.reusable = head_only, False, False
-        waiter = self._waiter = self.loop.create_future()
+        self._receiver = receiver
+        waiter = self._waiter = self.loop.create_future() if receiver is None else None
+        if receiver is not None and within > 0:
+            self._head_within = within
+            due = self._head_by = self.loop.time() + within
+            timer = self._head_timer
+            if timer is not None and timer.when() > due:
+                timer.cancel()
+                timer = None
+            if timer is None:
+                self._head_timer = self.loop.call_at(due, self._head_late)
         if body:
             self.transport.writelines((request, body))
         else:
@@ -154,6 +179,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._sink = None
         self._pending = []
         self._waiter = None
+        self._receiver, self._head_due = None, None
         self._headers, self._reason = CIMultiDict(), b""
 
     @property
@@ -197,6 +223,12 @@ class UpstreamConnection(asyncio.Protocol):
             self._fail(Reason.BAD_UPSTREAM_RESPONSE, _BAD_RESPONSE)  # (a stream's relay calls it a cut)
         finally:
             self._feeding = False
+            due = self._head_due
+            if due is not None:  # (a receiver's head, out of llhttp's callback: its attach delivers the body)
+                self._head_due = None
+                receiver, self._receiver = self._receiver, None
+                if receiver is not None:
+                    receiver.on_head(due)
             self._deliver()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -205,6 +237,9 @@ class UpstreamConnection(asyncio.Protocol):
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         if self.response in (WAITING, INTERIM):
             self._fail(Reason.CONNECT_FAILED, _CLOSED_EARLY)
         elif self.response is BODY:
@@ -252,6 +287,8 @@ class UpstreamConnection(asyncio.Protocol):
         head = UpstreamHead(status, self._reason.decode("latin-1"), headers, content_length)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(head)
+        elif self._receiver is not None:
+            self._head_due = head  # (told after the feed, not from inside llhttp)
         if self._head_only:  # llhttp would wait for the announced body: the response ends here
             self._complete()
             self.reusable = False
@@ -307,6 +344,18 @@ class UpstreamConnection(asyncio.Protocol):
             self._told = True
             sink.end()
 
+    def _head_late(self) -> None:
+        """The first-byte timer: a receiver still waiting past its deadline hears the timeout (and
+        closes the link); one that came early is moved on to the deadline now in force."""
+        self._head_timer = None
+        if self._receiver is None or self.response not in (WAITING, INTERIM):
+            return  # answered (the next request sets the timer again)
+        if self.loop.time() < self._head_by:
+            self._head_timer = self.loop.call_at(self._head_by, self._head_late)
+            return
+        receiver, self._receiver = self._receiver, None
+        receiver.on_failure(first_byte_timeout(self._head_within))
+
     def _fail(self, reason: Reason, message: str) -> None:
         """The connection is unusable; whoever waits on it learns why (once), and it closes. (A whole
         response stays whole: llhttp's complaint about what follows it is the close's business.)"""
@@ -322,3 +371,6 @@ class UpstreamConnection(asyncio.Protocol):
                 self._deliver()
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(failure)
+        elif self._receiver is not None:
+            receiver, self._receiver = self._receiver, None
+            receiver.on_failure(failure)

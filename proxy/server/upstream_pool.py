@@ -22,7 +22,7 @@ from yarl import URL
 
 from proxy.core.lifecycle import Reason
 from proxy.exchange.errors import UpstreamFailure
-from proxy.exchange.upstream import UpstreamHead, UpstreamLink
+from proxy.exchange.upstream import HeadReceiver, UpstreamHead, UpstreamLink
 from proxy.server.upstream_conn import UpstreamConnection, encode_request
 
 __all__ = ["UPSTREAM_KEEPALIVE_SECONDS", "ConnectionPool"]
@@ -64,9 +64,25 @@ class ConnectionPool:
         head = encode_request(method, self._prefix + target, self._host_header, headers, body)
         try:
             answer = connection.send(head, body, head_only=method == "HEAD")
+            assert answer is not None  # (no receiver: a future)
             return connection, await answer
         except BaseException:
             connection.close()
+            raise
+
+    def take_idle(self) -> UpstreamLink | None:
+        return self._idle_one()
+
+    def send_on(
+        self, link: UpstreamLink, method: str, target: str, headers: CIMultiDict[str],
+        body: bytes | bytearray | None, receiver: HeadReceiver, *, within: float,
+    ) -> None:
+        assert isinstance(link, UpstreamConnection)
+        head = encode_request(method, self._prefix + target, self._host_header, headers, body)
+        try:
+            link.send(head, body, head_only=method == "HEAD", receiver=receiver, within=within)
+        except BaseException:
+            link.close()
             raise
 
     def release(self, link: UpstreamLink) -> None:
