@@ -46,7 +46,10 @@ class RequestCounts:
         raise NotImplementedError
 
     def finished(self, api: str, model: str, outcome: str, reason: str, code: str, seconds: float,
-                 ttft: float | None) -> None:  # fmt: skip
+                 ttft: float | None, prompt: int = 0, completion: int = 0, given: str = "usage",
+                 estimated: int = 0) -> None:  # fmt: skip
+        """An exchange ended; with its tokens: `prompt` and `completion` from the upstream's usage
+        (counted with `given` as their source), `estimated` completion tokens (from its events)."""
         raise NotImplementedError
 
     def tokens(self, api: str, model: str, kind: str, source: str, count: int) -> None:
@@ -63,31 +66,87 @@ class _Buckets:
         self.total = 0.0
 
 
+class _Count:
+    """One counter series' value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+
+class _Ending:
+    """The series one kind of ending adds to (an api, model, outcome, reason and upstream code): found
+    with one lookup per exchange instead of one per family. The TTFT series is made at its first value."""
+
+    __slots__ = ("duration", "requests", "ttft", "upstream")
+
+    def __init__(self, requests: _Count, upstream: _Count, duration: _Buckets, ttft: _Buckets | None) -> None:
+        self.requests = requests
+        self.upstream = upstream
+        self.duration = duration
+        self.ttft = ttft
+
+
 class PlainRequestCounts(RequestCounts, Collector):
     """One process: dicts on the hot path, prometheus families at scrape time."""
 
     def __init__(self, apis: Sequence[str]) -> None:
-        self._requests: dict[tuple[str, ...], float] = {}
-        self._upstream: dict[tuple[str, ...], float] = {}
+        self._requests: dict[tuple[str, ...], _Count] = {}
+        self._upstream: dict[tuple[str, ...], _Count] = {}
         self._tokens: dict[tuple[str, ...], float] = {}
         self._inflight: dict[str, float] = dict.fromkeys(apis, 0.0)  # every api's series exists at 0
         self._duration: dict[tuple[str, ...], _Buckets] = {}
         self._ttft: dict[tuple[str, ...], _Buckets] = {}
+        self._endings: dict[tuple[str, ...], _Ending] = {}
 
     def started(self, api: str) -> None:
         self._inflight[api] = self._inflight.get(api, 0.0) + 1
 
     def finished(self, api: str, model: str, outcome: str, reason: str, code: str, seconds: float,
-                 ttft: float | None) -> None:  # fmt: skip
-        self._inflight[api] = self._inflight.get(api, 0.0) - 1
-        requests, upstream = self._requests, self._upstream
-        key: tuple[str, ...] = (api, model, outcome, reason)
-        requests[key] = requests.get(key, 0.0) + 1
-        key = (api, code)
-        upstream[key] = upstream.get(key, 0.0) + 1
-        _observe(self._duration, (api, outcome), DURATION_BUCKETS, seconds)
+                 ttft: float | None, prompt: int = 0, completion: int = 0, given: str = "usage",
+                 estimated: int = 0) -> None:  # fmt: skip
+        inflight = self._inflight
+        inflight[api] = inflight.get(api, 0.0) - 1
+        ending = self._endings.get((api, model, outcome, reason, code))
+        if ending is None:
+            ending = self._ending(api, model, outcome, reason, code)
+        ending.requests.value += 1
+        ending.upstream.value += 1
+        duration = ending.duration
+        duration.counts[bisect_left(DURATION_BUCKETS, seconds)] += 1  # (a value on a bound is in its bucket)
+        duration.total += seconds
         if ttft is not None:
-            _observe(self._ttft, (api, model), TTFT_BUCKETS, ttft)
+            series = ending.ttft
+            if series is None:
+                series = ending.ttft = _series(self._ttft, (api, model), len(TTFT_BUCKETS) + 1)
+            series.counts[bisect_left(TTFT_BUCKETS, ttft)] += 1
+            series.total += ttft
+        if prompt or completion or estimated:
+            tokens = self._tokens
+            if prompt:
+                key = (api, model, "prompt", given)
+                tokens[key] = tokens.get(key, 0.0) + prompt
+            if completion:
+                key = (api, model, "completion", given)
+                tokens[key] = tokens.get(key, 0.0) + completion
+            if estimated:
+                key = (api, model, "completion", "estimated")
+                tokens[key] = tokens.get(key, 0.0) + estimated
+
+    def _ending(self, api: str, model: str, outcome: str, reason: str, code: str) -> _Ending:
+        """The series of an ending not met before (theirs may exist: other endings share them)."""
+        requests = self._requests.get((api, model, outcome, reason))
+        if requests is None:
+            requests = self._requests[(api, model, outcome, reason)] = _Count()
+        upstream = self._upstream.get((api, code))
+        if upstream is None:
+            upstream = self._upstream[(api, code)] = _Count()
+        duration = _series(self._duration, (api, outcome), len(DURATION_BUCKETS) + 1)
+        ending = self._endings[(api, model, outcome, reason, code)] = _Ending(
+            requests, upstream, duration, self._ttft.get((api, model))
+        )
+        return ending
 
     def tokens(self, api: str, model: str, kind: str, source: str, count: int) -> None:
         key = (api, model, kind, source)
@@ -100,7 +159,7 @@ class PlainRequestCounts(RequestCounts, Collector):
         return self._families(empty=False)
 
     def _families(self, *, empty: bool) -> Iterator[Metric]:
-        for (name, doc, labels), values in ((REQUESTS, self._requests), (UPSTREAM, self._upstream),
+        for (name, doc, labels), values in ((REQUESTS, _values(self._requests)), (UPSTREAM, _values(self._upstream)),
                                             (TOKENS, self._tokens)):  # fmt: skip
             counter = CounterMetricFamily(name, doc, labels=labels)
             if not empty:
@@ -127,13 +186,15 @@ class PlainRequestCounts(RequestCounts, Collector):
         yield gauge
 
 
-def _observe(series: dict[tuple[str, ...], _Buckets], key: tuple[str, ...], bounds: Sequence[float],
-             value: float) -> None:  # fmt: skip
+def _series(series: dict[tuple[str, ...], _Buckets], key: tuple[str, ...], size: int) -> _Buckets:
     buckets = series.get(key)
     if buckets is None:
-        buckets = series[key] = _Buckets(len(bounds) + 1)
-    buckets.counts[bisect_left(bounds, value)] += 1  # (prometheus: a value equal to a bound is in its bucket)
-    buckets.total += value
+        buckets = series[key] = _Buckets(size)
+    return buckets
+
+
+def _values(series: dict[tuple[str, ...], _Count]) -> dict[tuple[str, ...], float]:
+    return {key: count.value for key, count in series.items()}
 
 
 class SharedRequestCounts(RequestCounts):
@@ -162,7 +223,8 @@ class SharedRequestCounts(RequestCounts):
         self._child(self.inflight, api).inc()
 
     def finished(self, api: str, model: str, outcome: str, reason: str, code: str, seconds: float,
-                 ttft: float | None) -> None:  # fmt: skip
+                 ttft: float | None, prompt: int = 0, completion: int = 0, given: str = "usage",
+                 estimated: int = 0) -> None:  # fmt: skip
         child = self._child
         child(self.inflight, api).dec()
         child(self.requests, api, model, outcome, reason).inc()
@@ -170,6 +232,12 @@ class SharedRequestCounts(RequestCounts):
         child(self.upstream, api, code).inc()
         if ttft is not None:
             child(self.ttft, api, model).observe(ttft)
+        if prompt:
+            self.tokens(api, model, "prompt", given, prompt)
+        if completion:
+            self.tokens(api, model, "completion", given, completion)
+        if estimated:
+            self.tokens(api, model, "completion", "estimated", estimated)
 
     def tokens(self, api: str, model: str, kind: str, source: str, count: int) -> None:
         self._child(self.token_counts, api, model, kind, source).inc(count)
