@@ -127,7 +127,7 @@ def read_request(
         body = inflated
         if parse_limit is not None and len(body) > parse_limit:
             return _scanned(body), None
-    if not _cheap_to_parse(body):
+    if len(body) > SMALL_BODY and not _cheap_to_parse(body):
         return _scanned(body), None
     try:
         obj = orjson.loads(body)
@@ -145,5 +145,6 @@ def read_request(
     if dialect.name == "completions":
         info.prompts = _prompt_count(obj.get("prompt"))
     options = obj.get("stream_options")
-    info.include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    if options is not None:
+        info.include_usage = isinstance(options, dict) and options.get("include_usage") is True
     return info, (obj if plain else None)
