@@ -94,9 +94,9 @@ _NAMES = ["Host", "Connection", "x-forwarded-for", "X-Forwarded-For", "X-Forward
 _VALUES = ["a", "b, c", "x-custom", "authorization, keep-alive", "accept-encoding", "close", ""]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(
-    st.lists(st.tuples(st.sampled_from(_NAMES), st.sampled_from(_VALUES)), max_size=8),
+    st.lists(st.tuples(st.sampled_from(_NAMES), st.sampled_from(_VALUES)), max_size=12),
     st.sampled_from([None, "", "10.0.0.1"]), st.sampled_from([None, "", "x:8080"]), st.booleans(),
     st.sampled_from([None, "", "Basic dTpw"]),
 )
