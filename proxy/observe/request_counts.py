@@ -77,15 +77,20 @@ class _Count:
 
 class _Ending:
     """The series one kind of ending adds to (an api, model, outcome, reason and upstream code): found
-    with one lookup per exchange instead of one per family. The TTFT series is made at its first value."""
+    with one lookup per exchange instead of one per family. The TTFT and token series are found at
+    their first value (the tokens of the usual sources: the upstream's usage, estimated completions)."""
 
-    __slots__ = ("duration", "requests", "ttft", "upstream")
+    __slots__ = ("completion_estimated", "completion_usage", "duration", "prompt_usage", "requests", "ttft",
+                 "upstream")  # fmt: skip
 
     def __init__(self, requests: _Count, upstream: _Count, duration: _Buckets, ttft: _Buckets | None) -> None:
         self.requests = requests
         self.upstream = upstream
         self.duration = duration
         self.ttft = ttft
+        self.prompt_usage: _Count | None = None
+        self.completion_usage: _Count | None = None
+        self.completion_estimated: _Count | None = None
 
 
 class PlainRequestCounts(RequestCounts, Collector):
@@ -94,7 +99,7 @@ class PlainRequestCounts(RequestCounts, Collector):
     def __init__(self, apis: Sequence[str]) -> None:
         self._requests: dict[tuple[str, ...], _Count] = {}
         self._upstream: dict[tuple[str, ...], _Count] = {}
-        self._tokens: dict[tuple[str, ...], float] = {}
+        self._tokens: dict[tuple[str, ...], _Count] = {}
         self._inflight: dict[str, float] = dict.fromkeys(apis, 0.0)  # every api's series exists at 0
         self._duration: dict[tuple[str, ...], _Buckets] = {}
         self._ttft: dict[tuple[str, ...], _Buckets] = {}
@@ -122,26 +127,32 @@ class PlainRequestCounts(RequestCounts, Collector):
                 series = ending.ttft = _series(self._ttft, (api, model), len(TTFT_BUCKETS) + 1)
             series.counts[bisect_left(TTFT_BUCKETS, ttft)] += 1
             series.total += ttft
-        if prompt or completion or estimated:
-            tokens = self._tokens
+        if given != "usage":  # (a resumed stream's estimated usage: its series looked up)
             if prompt:
-                key = (api, model, "prompt", given)
-                tokens[key] = tokens.get(key, 0.0) + prompt
+                self.tokens(api, model, "prompt", given, prompt)
             if completion:
-                key = (api, model, "completion", given)
-                tokens[key] = tokens.get(key, 0.0) + completion
-            if estimated:
-                key = (api, model, "completion", "estimated")
-                tokens[key] = tokens.get(key, 0.0) + estimated
+                self.tokens(api, model, "completion", given, completion)
+        else:
+            if prompt:
+                cell = ending.prompt_usage
+                if cell is None:
+                    cell = ending.prompt_usage = _counter(self._tokens, (api, model, "prompt", "usage"))
+                cell.value += prompt
+            if completion:
+                cell = ending.completion_usage
+                if cell is None:
+                    cell = ending.completion_usage = _counter(self._tokens, (api, model, "completion", "usage"))
+                cell.value += completion
+        if estimated:
+            cell = ending.completion_estimated
+            if cell is None:
+                cell = ending.completion_estimated = _counter(self._tokens, (api, model, "completion", "estimated"))
+            cell.value += estimated
 
     def _ending(self, api: str, model: str, outcome: str, reason: str, code: str) -> _Ending:
         """The series of an ending not met before (theirs may exist: other endings share them)."""
-        requests = self._requests.get((api, model, outcome, reason))
-        if requests is None:
-            requests = self._requests[(api, model, outcome, reason)] = _Count()
-        upstream = self._upstream.get((api, code))
-        if upstream is None:
-            upstream = self._upstream[(api, code)] = _Count()
+        requests = _counter(self._requests, (api, model, outcome, reason))
+        upstream = _counter(self._upstream, (api, code))
         duration = _series(self._duration, (api, outcome), len(DURATION_BUCKETS) + 1)
         ending = self._endings[(api, model, outcome, reason, code)] = _Ending(
             requests, upstream, duration, self._ttft.get((api, model))
@@ -149,8 +160,7 @@ class PlainRequestCounts(RequestCounts, Collector):
         return ending
 
     def tokens(self, api: str, model: str, kind: str, source: str, count: int) -> None:
-        key = (api, model, kind, source)
-        self._tokens[key] = self._tokens.get(key, 0.0) + count
+        _counter(self._tokens, (api, model, kind, source)).value += count
 
     def describe(self) -> Iterator[Metric]:
         return self._families(empty=True)
@@ -160,7 +170,7 @@ class PlainRequestCounts(RequestCounts, Collector):
 
     def _families(self, *, empty: bool) -> Iterator[Metric]:
         for (name, doc, labels), values in ((REQUESTS, _values(self._requests)), (UPSTREAM, _values(self._upstream)),
-                                            (TOKENS, self._tokens)):  # fmt: skip
+                                            (TOKENS, _values(self._tokens))):  # fmt: skip
             counter = CounterMetricFamily(name, doc, labels=labels)
             if not empty:
                 for key, value in values.items():
@@ -191,6 +201,13 @@ def _series(series: dict[tuple[str, ...], _Buckets], key: tuple[str, ...], size:
     if buckets is None:
         buckets = series[key] = _Buckets(size)
     return buckets
+
+
+def _counter(series: dict[tuple[str, ...], _Count], key: tuple[str, ...]) -> _Count:
+    count = series.get(key)
+    if count is None:
+        count = series[key] = _Count()
+    return count
 
 
 def _values(series: dict[tuple[str, ...], _Count]) -> dict[tuple[str, ...], float]:
