@@ -20,11 +20,11 @@ from proxy.core.latency import TokenGaps
 from proxy.core.lifecycle import Outcome, Phase, Reason
 from proxy.core.record import ExchangeRecord
 from proxy.core.resume.resumer import ResumeResult
-from proxy.observe.logs import MAX_LOGGED_STRING, Logger
+from proxy.observe.logs import MAX_LOGGED_STRING, LineWriter, Logger
 from proxy.observe.metrics import Metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, MutableMapping
+    from collections.abc import Mapping, MutableMapping
 
     from proxy.observe.tracing import Tracing
 
@@ -65,12 +65,10 @@ class Books:
         self.metrics = metrics
         self.logger = logger
         self.tracing = tracing
-        # `proxy.observe.logs.Logger` renders the request line in one step (`line`) and says up front
-        # when its level drops it, so that nothing is built for a dropped line; any other logger
-        # (structlog's own) gets the line through its level's method.
-        one_step = type(logger) is Logger
-        self._line: Callable[..., None] | None = logger.line if one_step else None
-        self._drops: Callable[[str], bool] | None = logger.drops if one_step else None
+        # `proxy.observe.logs.Logger` renders the request line in one step (its `LineWriter`, called
+        # directly) and says up front when its level drops it, so that nothing is built for a
+        # dropped line; any other logger (structlog's own) gets the line through its level's method.
+        self._writer: LineWriter | None = logger.writer if type(logger) is Logger else None
 
     def start(self, ex: ExchangeRecord, headers: Mapping[str, str] | None = None) -> None:
         """The exchange arrived; `headers` (the client's) may carry a trace context to continue."""
@@ -155,8 +153,8 @@ class Books:
         phase: str | None,
     ) -> None:
         level = log_level(outcome, reason)
-        drops = self._drops
-        if drops is not None and drops(level):
+        writer = self._writer
+        if writer is not None and writer.drops(level):
             return  # (the level drops the line: nothing to build)
         request_id, method, path, model, client = ex.request_id, ex.method, ex.path, ex.model, ex.client
         message, cause = ex.upstream_message, ex.cause
@@ -196,8 +194,7 @@ class Books:
             fields["upstream_message"] = message
         if cause is not None:
             fields["cause"] = cause
-        line = self._line
-        if line is None:
+        if writer is None:
             getattr(self.logger, level)("request", **fields)
             return
         if not extra:
@@ -206,7 +203,7 @@ class Books:
             texts = f"{request_id}{method}{path}{model}{client}{message}{cause}"
             if len(texts) <= MAX_LOGGED_STRING and texts.isascii() and texts.isprintable():
                 external = ()
-        line(level, "request", fields, external=external)
+        writer.line(level, "request", fields, external=external)
 
     def _count_abort(self, ex: ExchangeRecord, now: float) -> str:
         """Where the client left; before any content, also how long it had waited (queueing pain)."""

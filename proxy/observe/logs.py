@@ -145,12 +145,12 @@ class Logger:
     """structlog's bound logger (every method, `bind` included), plus `line`: one event in one step
     (`LineWriter.line`), and `drops`: whether a level's line would be written at all."""
 
-    __slots__ = ("_bound", "_lines", "_writer", "drops", "line")
+    __slots__ = ("_bound", "_lines", "drops", "line", "writer")
 
     def __init__(self, bound: Any, lines: Lines, writer: LineWriter) -> None:
         self._bound = bound
         self._lines = lines
-        self._writer = writer
+        self.writer = writer  # (its methods called directly, compiled: no call through an attribute)
         self.line: Callable[..., None] = writer.line
         self.drops: Callable[[str], bool] = writer.drops
 
@@ -159,7 +159,7 @@ class Logger:
 
     def bind(self, **values: Any) -> Logger:
         bound = self._bound.bind(**values)
-        return Logger(bound, self._lines, self._writer.bind(bound, values))
+        return Logger(bound, self._lines, self.writer.bind(bound, values))
 
     def hold_lines(self, loop: asyncio.AbstractEventLoop) -> None:
         """From now on the lines written on `loop`'s thread are written once per turn of it."""
