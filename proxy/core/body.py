@@ -34,7 +34,7 @@ TAIL_BYTES = 64 * 1024  # the end of a body too large to judge whole: where its 
 _CHOICE_DIALECTS = frozenset({"chat_completions", "completions"})
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class BodyVerdict:
     # (Not frozen, like the other records made on every request: a frozen dataclass takes three times the
     # work to make, an object.__setattr__ per field; nothing assigns to one once made.)
@@ -43,6 +43,16 @@ class BodyVerdict:
     replacement: tuple[int, bytes] | None  # (status, dialect error JSON) instead of the upstream's body
     usage: Usage | None
     upstream_message: str | None = None  # the upstream's own error message, for the log line
+
+    # (`__init__` written out, not the dataclass's: compiled, the dataclass's generated one is an
+    # interpreted call with an argument tuple, three times the work of a native one.)
+    def __init__(self, outcome: Outcome, reason: Reason, replacement: tuple[int, bytes] | None, usage: Usage | None,
+                 upstream_message: str | None = None) -> None:  # fmt: skip
+        self.outcome = outcome
+        self.reason = reason
+        self.replacement = replacement
+        self.usage = usage
+        self.upstream_message = upstream_message
 
 
 def _parse(content_type: str | None, body: bytes) -> object:

@@ -37,7 +37,7 @@ class Kind(enum.Enum):
     ABORTED = enum.auto()  # the backend aborted the generation (vLLM's `finish_reason: "abort"`): a failure
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Usage:
     """What the upstream reported about the generation: token counts (either may be missing) and, for
     traces, the model that answered and why each choice stopped (not part of equality: the books
@@ -50,6 +50,15 @@ class Usage:
     completion_tokens: int | None
     model: str | None = field(default=None, compare=False)
     finish_reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    # (`__init__` written out, not the dataclass's: compiled, the dataclass's generated one is an
+    # interpreted call with an argument tuple, three times the work of a native one.)
+    def __init__(self, prompt_tokens: int | None, completion_tokens: int | None, model: str | None = None,
+                 finish_reasons: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.model = model
+        self.finish_reasons = finish_reasons
 
     def described(self, model: str | None, finish_reasons: tuple[str, ...]) -> Usage:
         return Usage(self.prompt_tokens, self.completion_tokens, model, finish_reasons)
