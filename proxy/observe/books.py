@@ -13,7 +13,7 @@ main port is forwarded like any path but is not model traffic: no metrics, its l
 
 from __future__ import annotations
 
-import time
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from proxy.core.latency import TokenGaps
@@ -92,7 +92,7 @@ class Books:
             self._log_scrape(ex)
             return
         m = self.metrics
-        now = time.monotonic()
+        now = monotonic()
         model = m.models.label(ex.model)
         outcome, reason = ex.outcome or Outcome.ERROR, ex.reason or Reason.PROXY_ERROR  # nothing settled: our bug
         started, first = ex.started, ex.first_content_at
@@ -138,7 +138,7 @@ class Books:
     def _log_scrape(self, ex: ExchangeRecord) -> None:
         self.logger.debug(
             "scrape", request_id=ex.request_id, path=ex.path, status=ex.status, upstream_status=ex.upstream_status,
-            outcome=ex.outcome, reason=ex.reason, duration_ms=round((time.monotonic() - ex.started) * 1000, 1),
+            outcome=ex.outcome, reason=ex.reason, duration_ms=round((monotonic() - ex.started) * 1000, 1),
             client=ex.client,
         )
 

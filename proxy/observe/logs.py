@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 import orjson
 import structlog
+from orjson import OPT_APPEND_NEWLINE, dumps
 
 from proxy.observe.log_lines import Lines
 
@@ -60,6 +61,7 @@ def _clean_strings(_: Any, __: str, event_dict: structlog.typing.EventDict) -> s
             event_dict[key] = clean_text(value)
     return event_dict
 
+_wall_clock = time.time  # (the request line's names bound once: a global, not a module's attribute, each line)
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -77,7 +79,7 @@ class _Clock:
         self._text = ""
 
     def now(self) -> str:
-        stamp = time.time()
+        stamp = _wall_clock()
         second = int(stamp)
         micro = int((stamp - second) * 1_000_000)
         if second != self._second:
@@ -138,7 +140,7 @@ class LineWriter:
         out["event"] = event
         out["level"] = level
         out["timestamp"] = self._clock.now()
-        self._lines.write(orjson.dumps(out, default=str, option=orjson.OPT_APPEND_NEWLINE).decode())
+        self._lines.write(dumps(out, default=str, option=OPT_APPEND_NEWLINE).decode())
 
 
 class Logger:
