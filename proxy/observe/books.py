@@ -200,7 +200,7 @@ class Books:
         if not extra:
             # The texts that can come from outside tested at once, joined: when they are short printable
             # ASCII together (the usual request), none of them needs cleaning, one by one.
-            texts = f"{request_id}{method}{path}{model}{client}{message}{cause}"
+            texts = f"{request_id}{method}{path}{model or ''}{client or ''}{message or ''}{cause or ''}"
             if len(texts) <= MAX_LOGGED_STRING and texts.isascii() and texts.isprintable():
                 external = ()
         writer.line(level, "request", fields, external=external)

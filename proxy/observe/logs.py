@@ -145,16 +145,15 @@ class LineWriter:
 
 class Logger:
     """structlog's bound logger (every method, `bind` included), plus `line`: one event in one step
-    (`LineWriter.line`), and `drops`: whether a level's line would be written at all."""
+    (its `writer`'s, which also says whether a level's line would be written at all)."""
 
-    __slots__ = ("_bound", "_lines", "drops", "line", "writer")
+    __slots__ = ("_bound", "_lines", "line", "writer")
 
     def __init__(self, bound: Any, lines: Lines, writer: LineWriter) -> None:
         self._bound = bound
         self._lines = lines
         self.writer = writer  # (its methods called directly, compiled: no call through an attribute)
         self.line: Callable[..., None] = writer.line
-        self.drops: Callable[[str], bool] = writer.drops
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bound, name)
