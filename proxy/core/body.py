@@ -15,14 +15,14 @@ from typing import Any
 import orjson
 
 from proxy.core.dialects import Dialect, RequestInfo, Usage
-from proxy.core.dialects.base import reported, usage_from
+from proxy.core.dialects.base import described_usage, usage_from
 from proxy.core.dialects.chat import ABORT_REASON, ABORTED
 from proxy.core.dialects.errors import ErrorCode, cut, describe_error, error_message, is_error_object, text_message
 from proxy.core.lifecycle import Outcome, Reason, reason_for_status, status_for
 
 __all__ = ["TAIL_BYTES", "BodyVerdict", "judge_body", "usage_from_tail"]
 
-_USAGE_KEYS = {
+_USAGE_KEYS: dict[str, tuple[str, str]] = {
     "chat_completions": ("prompt_tokens", "completion_tokens"),
     "completions": ("prompt_tokens", "completion_tokens"),
     "embeddings": ("prompt_tokens", "completion_tokens"),
@@ -34,7 +34,7 @@ TAIL_BYTES = 64 * 1024  # the end of a body too large to judge whole: where its 
 _CHOICE_DIALECTS = frozenset({"chat_completions", "completions"})
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class BodyVerdict:
     # (Not frozen, like the other records made on every request: a frozen dataclass takes three times the
     # work to make, an object.__setattr__ per field; nothing assigns to one once made.)
@@ -43,6 +43,16 @@ class BodyVerdict:
     replacement: tuple[int, bytes] | None  # (status, dialect error JSON) instead of the upstream's body
     usage: Usage | None
     upstream_message: str | None = None  # the upstream's own error message, for the log line
+
+    # (`__init__` written out, not the dataclass's: compiled, the dataclass's generated one is an
+    # interpreted call with an argument tuple, three times the work of a native one.)
+    def __init__(self, outcome: Outcome, reason: Reason, replacement: tuple[int, bytes] | None, usage: Usage | None,
+                 upstream_message: str | None = None) -> None:  # fmt: skip
+        self.outcome = outcome
+        self.reason = reason
+        self.replacement = replacement
+        self.usage = usage
+        self.upstream_message = upstream_message
 
 
 def _parse(content_type: str | None, body: bytes) -> object:
@@ -84,43 +94,44 @@ def _judge_success(dialect: Dialect, request: RequestInfo, content_type: str | N
         info = describe_error(obj)
         verdict = _replace(dialect, info.status, info.message, Reason.UPSTREAM_ERROR_FRAME, info.code)
         return BodyVerdict(verdict.outcome, verdict.reason, verdict.replacement, None, info.message)
-    keys = _USAGE_KEYS.get(dialect.name)
-    usage = usage_from(obj.get("usage"), *keys) if keys else None
-    if dialect.name in _CHOICE_DIALECTS and _aborted(obj):
-        # Failed, but the tokens were generated: their usage is still booked.
+    name = dialect.name
+    model, reasons, of_choices = _described(obj)
+    usage = described_usage(obj.get("usage"), _USAGE_KEYS.get(name), model, reasons)
+    if of_choices and ABORT_REASON in reasons and name in _CHOICE_DIALECTS:
+        # A choice vLLM ended with `finish_reason: "abort"` (the engine dropped the request midway):
+        # failed, but the tokens were generated, so their usage is still booked.
         body = dialect.error_body(ABORTED.status, ABORTED.message, ABORTED.code)
-        usage = reported(usage, *_described(obj))
         return BodyVerdict(Outcome.ERROR, Reason.UPSTREAM_ABORTED, (ABORTED.status, body), usage)
-    if dialect.name == "completions":
+    if name == "completions":
         missing = _missing_choices(obj, request.prompts * request.n)
         if missing:
             return _replace(dialect, status_for(Reason.INCOMPLETE_BATCH), missing, Reason.INCOMPLETE_BATCH)
-    return BodyVerdict(Outcome.OK, Reason.COMPLETE, None, reported(usage, *_described(obj)))
+    return BodyVerdict(Outcome.OK, Reason.COMPLETE, None, usage)
 
 
-def _described(obj: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
-    """The answering model and the finish reasons of a whole body, in any dialect's shape (for traces)."""
+def _described(obj: dict[str, Any]) -> tuple[str | None, tuple[str, ...], bool]:
+    """The answering model and the finish reasons of a whole body, in any dialect's shape (for traces
+    and the abort check), and whether those came from its `choices` (chat, completions)."""
     model = obj.get("model")
-    reasons: list[str] = []
+    if not isinstance(model, str) or not model:
+        model = None
     choices = obj.get("choices")
-    if isinstance(choices, list):  # chat and completions
-        found = (c.get("finish_reason") for c in choices if isinstance(c, dict))
-        reasons = [reason for reason in found if isinstance(reason, str)]
-    elif isinstance(obj.get("stop_reason"), str):  # messages
-        reasons = [obj["stop_reason"]]
+    if isinstance(choices, list):  # chat and completions: one pass over the choices
+        found: list[str] = []
+        for choice in choices:
+            if isinstance(choice, dict):
+                reason = choice.get("finish_reason")
+                if isinstance(reason, str):
+                    found.append(reason)
+        return model, tuple(found), True
+    reasons: tuple[str, ...] = ()
+    if isinstance(obj.get("stop_reason"), str):  # messages
+        reasons = (obj["stop_reason"],)
     elif isinstance(obj.get("status"), str) and obj.get("object") == "response":  # responses
         details = obj.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, dict) else None
-        reasons = [reason if isinstance(reason, str) and reason else obj["status"]]
-    return (model if isinstance(model, str) and model else None), tuple(reasons)
-
-
-def _aborted(obj: dict[str, object]) -> bool:
-    """A choice vLLM ended with `finish_reason: "abort"`: the engine dropped the request midway."""
-    choices = obj.get("choices")
-    if not isinstance(choices, list):
-        return False
-    return any(isinstance(choice, dict) and choice.get("finish_reason") == ABORT_REASON for choice in choices)
+        reasons = (reason if isinstance(reason, str) and reason else obj["status"],)
+    return model, reasons, False
 
 
 def _missing_choices(obj: dict[str, object], expected: int) -> str | None:

@@ -17,6 +17,12 @@ HOP_BY_HOP = frozenset(
 _REQUEST_DROP = frozenset({"host", "content-length", "expect"})
 # What each direction drops besides what `Connection` names, built once rather than per request.
 _DROP_REQUEST = HOP_BY_HOP | _REQUEST_DROP
+_DROP_REQUEST_IDENTITY = _DROP_REQUEST | {"accept-encoding"}
+# The request headers the forwarding rules look at (their lower-cased names).
+_NOTED = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-request-id", "authorization"})
+# Up to this many request headers, a pass over them costs less than a copy thinned by name (both
+# builds; `scripts/count_instructions.py`'s client sends 3, the openai SDK 15).
+_FEW_HEADERS = 5
 _DROP_RESPONSE = HOP_BY_HOP
 _DROP_REWRITTEN = HOP_BY_HOP | {"content-length", "content-encoding", "content-type"}
 
@@ -28,40 +34,96 @@ def _named_by_connection(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> s
     return named
 
 
-def _end_to_end(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: frozenset[str], *, underscores: bool = True
-) -> CIMultiDict[str]:
-    """The headers whose lower-cased names are not in `drop` nor named by `Connection`."""
+def _end_to_end(headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: frozenset[str]) -> CIMultiDict[str]:
+    """The headers whose lower-cased names are not in `drop` nor named by `Connection` (`connection`
+    is in every `drop`: without one of its names, the copy is the answer)."""
+    if headers.keys().isdisjoint(drop):  # (compared case-insensitively, as multidict compares names)
+        return CIMultiDict(headers)
     if "Connection" in headers:
         drop = drop | _named_by_connection(headers)
-    out: CIMultiDict[str] = CIMultiDict()
-    add = out.add
-    for name, value in headers.items():
-        if name.lower() not in drop and (underscores or "_" not in name):
-            add(name, value)
-    return out
+    return CIMultiDict([(name, value) for name, value in headers.items() if name.lower() not in drop])
 
 
 def request_headers(
-    headers: CIMultiDictProxy[str], *, client_ip: str | None, scheme: str, host: str | None, request_id: str
+    headers: CIMultiDictProxy[str], *, client_ip: str | None, scheme: str, host: str | None, request_id: str,
+    identity: bool = False, authorization: str | None = None,
 ) -> CIMultiDict[str]:
     """What goes upstream: the client's end-to-end headers plus X-Forwarded-* and X-Request-Id.
 
     Names with an underscore are dropped, as nginx does by default (`underscores_in_headers off`): a
     backend that reads headers CGI-style folds `X_Api_Key` and `X-Api-Key` into one name, so one could
-    pass for the other past a check in front of the proxy.
+    pass for the other past a check in front of the proxy. `identity`: no `Accept-Encoding` goes
+    (the answer is asked for uncompressed); `authorization`: sent when the client sent none.
+
+    Two ways to the same headers in the same order, by what costs less: a few headers (curl's) are
+    kept in one pass, the result made at once; many (an SDK sends 15 or more) are copied whole and
+    what is not forwarded is taken out by name, multidict's work rather than a Python step each.
     """
-    out = _end_to_end(headers, _DROP_REQUEST, underscores=False)
+    drop = _DROP_REQUEST_IDENTITY if identity else _DROP_REQUEST
+    if "Connection" in headers:
+        drop = drop | _named_by_connection(headers)
+    if len(headers) <= _FEW_HEADERS:
+        return _kept_one_by_one(headers, drop, client_ip, scheme, host, request_id, authorization)
+    out = CIMultiDict(headers)
+    for name in out.keys() & drop:
+        out.popall(name, None)  # (a name sent in two spellings is met twice)
+    if "_" in "".join(headers):  # (rare: one look at all the names)
+        for name in [name for name in out if "_" in name]:
+            out.popall(name, None)
     if client_ip:
-        prior = ", ".join(out.getall("X-Forwarded-For", ()))
-        out.popall("X-Forwarded-For", None)
+        prior = ", ".join(out.popall("X-Forwarded-For", ()))
         out["X-Forwarded-For"] = f"{prior}, {client_ip}" if prior else client_ip
     # A sidecar usually sits behind an ingress that already set these: keep the outermost view.
     out.setdefault("X-Forwarded-Proto", scheme)
     if host:
         out.setdefault("X-Forwarded-Host", host)
-    out["X-Request-Id"] = request_id
+    out["X-Request-Id"] = request_id  # (in the place of the client's first one, the others gone)
+    if authorization and "Authorization" not in out:
+        out["Authorization"] = authorization
     return out
+
+
+def _kept_one_by_one(
+    headers: CIMultiDictProxy[str], drop: frozenset[str], client_ip: str | None, scheme: str, host: str | None,
+    request_id: str, authorization: str | None,
+) -> CIMultiDict[str]:
+    """`request_headers` for a few headers: what the copy's operations above give, in one pass."""
+    pairs: list[tuple[str, str]] = []
+    prior: list[str] = []  # the X-Forwarded-For values the client sent (when its address is added)
+    proto = forwarded_host = sent_authorization = sent_id = False
+    for name, value in headers.items():
+        low = name.lower()
+        if low in drop or "_" in name:
+            continue
+        if low in _NOTED:
+            if low == "x-forwarded-for":
+                if client_ip:
+                    prior.append(value)
+                    continue
+            elif low == "x-request-id":
+                if not sent_id:
+                    pairs.append(("X-Request-Id", request_id))
+                    sent_id = True
+                continue
+            elif low == "x-forwarded-proto":
+                proto = True
+            elif low == "x-forwarded-host":
+                forwarded_host = True
+            else:  # authorization
+                sent_authorization = True
+        pairs.append((name, value))
+    if client_ip:
+        joined = ", ".join(prior)
+        pairs.append(("X-Forwarded-For", f"{joined}, {client_ip}" if joined else client_ip))
+    if not proto:
+        pairs.append(("X-Forwarded-Proto", scheme))
+    if host and not forwarded_host:
+        pairs.append(("X-Forwarded-Host", host))
+    if not sent_id:
+        pairs.append(("X-Request-Id", request_id))
+    if authorization and not sent_authorization:
+        pairs.append(("Authorization", authorization))
+    return CIMultiDict(pairs)
 
 
 def response_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str], *, body_rewritten: bool) -> CIMultiDict[str]:

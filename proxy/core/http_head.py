@@ -46,15 +46,24 @@ class HeadScanner:
         """True when the head ended within `data`; raises HeadTooLarge past the bound."""
         if self.request_line is None:
             self._find_request_line(data)
-        window = self._tail + data if self._tail else data
-        end = head_end(window)
-        if end >= 0:
-            used = end - len(self._tail)
-            self.size += used
-            self._tail = b""
-            if self.size > self._limit:
-                raise HeadTooLarge
-            return True
+        tail = self._tail
+        if not tail:  # (the usual: the head's start, or all of it, in this read)
+            end = head_end(data)
+            if end >= 0:
+                self.size += end
+                if self.size > self._limit:
+                    raise HeadTooLarge
+                return True
+            window = data
+        else:
+            window = tail + data
+            end = head_end(window)
+            if end >= 0:
+                self.size += end - len(tail)
+                self._tail = b""
+                if self.size > self._limit:
+                    raise HeadTooLarge
+                return True
         self.size += len(data)
         if self.size > self._limit:
             raise HeadTooLarge
@@ -62,8 +71,8 @@ class HeadScanner:
         return False
 
     def _find_request_line(self, data: bytes) -> None:
-        line = (self._line + data).lstrip(b"\r\n")  # empty lines before a request are ignored (RFC 9112 2.2)
-        end = line.find(b"\n")
+        line = (self._line + data if self._line else data).lstrip(b"\r\n")  # empty lines before a request are
+        end = line.find(b"\n")  # ignored (RFC 9112 2.2)
         if end < 0:
             self._line = line  # bounded with the head: the caller stops feeding past the limit
             return

@@ -30,6 +30,7 @@ from proxy.core.http_head import head_end
 __all__ = ["Framing", "MessageEnd"]
 
 _CR, _LF = 13, 10
+_CR_LF = (_CR, _LF)
 _MAX_DIGITS = 16  # significant hex digits of a chunk size: llhttp's is a uint64 (more: "Chunk size overflow")
 _LEADING = re.compile(rb"[\r\n]*")  # empty lines before a request (RFC 9112 2.2)
 _ZEROS = re.compile(rb"0*")
@@ -108,8 +109,9 @@ class MessageEnd:
     def _cut_head(self, data: bytes, at: int) -> int:
         size = len(data)
         if not self._seen_head:
-            match = _LEADING.match(data, at)
-            at = match.end() if match is not None else at
+            if at < size and data[at] in _CR_LF:  # (the usual: a request's first byte, no empty line before)
+                match = _LEADING.match(data, at)
+                at = match.end() if match is not None else at
             if at == size:
                 return size
             self._seen_head = True

@@ -102,12 +102,10 @@ def upstream_headers(
         scheme=request.scheme,
         host=request.headers.get("Host"),
         request_id=ex.request_id,
-    )
-    if dialect.json_body:
         # The guard must read what the upstream sends: ask for it uncompressed. The hop is the pod's
         # loopback, where compression saves nothing (and vLLM and llama.cpp do not compress anyway).
-        headers.popall("Accept-Encoding", None)
-    if state.upstream_authorization and "Authorization" not in headers:
-        headers["Authorization"] = state.upstream_authorization
+        identity=dialect.json_body,
+        authorization=state.upstream_authorization,
+    )
     state.books.propagate(ex, headers)  # the proxy's span context goes upstream
     return headers

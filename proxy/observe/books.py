@@ -13,13 +13,14 @@ main port is forwarded like any path but is not model traffic: no metrics, its l
 
 from __future__ import annotations
 
-import time
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from proxy.core.latency import TokenGaps
 from proxy.core.lifecycle import Outcome, Phase, Reason
 from proxy.core.record import ExchangeRecord
 from proxy.core.resume.resumer import ResumeResult
+from proxy.observe.logs import MAX_LOGGED_STRING, LineWriter, Logger
 from proxy.observe.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -64,10 +65,14 @@ class Books:
         self.metrics = metrics
         self.logger = logger
         self.tracing = tracing
+        # `proxy.observe.logs.Logger` renders the request line in one step (its `LineWriter`, called
+        # directly) and says up front when its level drops it, so that nothing is built for a
+        # dropped line; any other logger (structlog's own) gets the line through its level's method.
+        self._writer: LineWriter | None = logger.writer if type(logger) is Logger else None
 
     def start(self, ex: ExchangeRecord, headers: Mapping[str, str] | None = None) -> None:
         """The exchange arrived; `headers` (the client's) may carry a trace context to continue."""
-        if is_scrape(ex):
+        if ex.api == "other" and is_scrape(ex):  # (`is_scrape`'s first test, without its call)
             return
         self.metrics.counts.started(ex.api)
         if self.tracing is not None:
@@ -82,36 +87,46 @@ class Books:
         if ex.booked:
             return
         ex.booked = True
-        if is_scrape(ex):
+        api = ex.api
+        if api == "other" and is_scrape(ex):
             self._log_scrape(ex)
             return
         m = self.metrics
-        now = time.monotonic()
+        now = monotonic()
         model = m.models.label(ex.model)
         outcome, reason = ex.outcome or Outcome.ERROR, ex.reason or Reason.PROXY_ERROR  # nothing settled: our bug
-        ttft = None if ex.first_content_at is None else ex.first_content_at - ex.started
+        started, first = ex.started, ex.first_content_at
+        ttft = None if first is None else first - started
         code = str(ex.upstream_status) if ex.upstream_status else "none"
-        m.counts.finished(ex.api, model, outcome, reason, code, now - ex.started, ttft)
+        # The tokens: usage from the upstream where it gave it; else a stream's delivered content
+        # events, estimated. A stream that ends early often has its prompt count (vLLM's first chunk,
+        # Anthropic's `message_start`) but no completion count: the prompt is booked from usage, the
+        # completion as estimated, and the log line says `estimated`. A resumed stream's usage is
+        # estimated too when a continuation went out on the chunks' count of the answer so far.
+        resumer = ex.resumer
+        given = "estimated" if resumer is not None and resumer.estimated else "usage"
+        prompt, completion, estimated = ex.prompt_tokens or 0, ex.completion_tokens, 0
+        if completion is not None:
+            usage_source: str | None = given
+        elif ex.content_events:
+            ex.completion_tokens = estimated = ex.content_events
+            usage_source, completion = "estimated", 0
+        else:
+            usage_source, completion = given if prompt else None, 0
+        m.counts.finished(api, model, outcome, reason, code, now - started, ttft, prompt, completion, given, estimated)
         if ex.upstream_cancelled:
-            m.cancellations.labels(api=ex.api, reason=ex.upstream_cancelled).inc()
-        for rewrite in ex.rewrites:
-            m.rewrites.labels(api=ex.api, reason=rewrite).inc()
-        if ex.resumer is not None:
-            for broke, result in ex.resumer.decisions:
-                m.stream_resumes.labels(api=ex.api, reason=broke, result=result).inc()
+            m.cancellations.labels(api=api, reason=ex.upstream_cancelled).inc()
+        if ex.rewrites:
+            for rewrite in ex.rewrites:
+                m.rewrites.labels(api=api, reason=rewrite).inc()
+        if resumer is not None:
+            for broke, result in resumer.decisions:
+                m.stream_resumes.labels(api=api, reason=broke, result=result).inc()
         phase = self._count_abort(ex, now) if outcome is Outcome.ABORTED else None
         if outcome is Outcome.OK and ex.gaps is not None:
-            self.count_latency(ex.api, ex.gaps)
-        usage_source = self._count_tokens(ex, model)
-        extra: dict[str, Any] = {}
-        if ex.client_request_id is not None:
-            extra["client_request_id"] = ex.client_request_id
-        if ex.resumer is not None:
-            extra["resumes"] = ex.resumer.resumes
-            if any(result is not ResumeResult.RESUMED for _, result in ex.resumer.decisions):
-                extra["resume_refusal"] = ex.resumer.refusal  # why the last break was not mended
+            self.count_latency(api, ex.gaps)
         try:
-            self._log(ex, outcome, reason, now, ttft, usage_source, phase, extra)
+            self._log(ex, outcome, reason, round((now - started) * 1000, 1), ttft, usage_source, phase)
         except Exception:  # the line must never fail the request; a bare one says what was lost
             self.logger.error("request_log_failed", request_id=ex.request_id, outcome=outcome, reason=reason)
         if ex.span is not None and self.tracing is not None:
@@ -123,7 +138,7 @@ class Books:
     def _log_scrape(self, ex: ExchangeRecord) -> None:
         self.logger.debug(
             "scrape", request_id=ex.request_id, path=ex.path, status=ex.status, upstream_status=ex.upstream_status,
-            outcome=ex.outcome, reason=ex.reason, duration_ms=round((time.monotonic() - ex.started) * 1000, 1),
+            outcome=ex.outcome, reason=ex.reason, duration_ms=round((monotonic() - ex.started) * 1000, 1),
             client=ex.client,
         )
 
@@ -132,24 +147,29 @@ class Books:
         ex: ExchangeRecord,
         outcome: str,
         reason: str,
-        now: float,
+        duration_ms: float,
         ttft: float | None,
         usage_source: str | None,
         phase: str | None,
-        extra: dict[str, Any],
     ) -> None:
+        level = log_level(outcome, reason)
+        writer = self._writer
+        if writer is not None and writer.drops(level):
+            return  # (the level drops the line: nothing to build)
+        request_id, method, path, model, client = ex.request_id, ex.method, ex.path, ex.model, ex.client
+        message, cause = ex.upstream_message, ex.cause
         fields = {
-            "request_id": ex.request_id,
-            "method": ex.method,
-            "path": ex.path,
+            "request_id": request_id,
+            "method": method,
+            "path": path,
             "api": ex.api,
-            "model": ex.model,
+            "model": model,
             "stream": ex.stream,
             "status": ex.status,
             "upstream_status": ex.upstream_status,
             "outcome": outcome,
             "reason": reason,
-            "duration_ms": round((now - ex.started) * 1000, 1),
+            "duration_ms": duration_ms,
             "ttft_ms": round(ttft * 1000, 1) if ttft is not None else None,
             "events": ex.events,
             "bytes_out": ex.bytes_out,
@@ -157,21 +177,33 @@ class Books:
             "completion_tokens": ex.completion_tokens,
             "usage_source": usage_source,
             "upstream_cancelled": ex.upstream_cancelled is not None,
-            "client": ex.client,
+            "client": client,
             "abort_phase": phase,
         }
+        external: tuple[str, ...] | None = _EXTERNAL
+        extra = ex.client_request_id is not None or ex.resumer is not None
         if extra:
-            fields.update(extra)
-        if ex.upstream_message is not None:
-            fields["upstream_message"] = ex.upstream_message
-        if ex.cause is not None:
-            fields["cause"] = ex.cause
-        level = log_level(outcome, reason)
-        line = getattr(self.logger, "line", None)
-        if line is not None:  # `proxy.observe.logs.Logger`: the line in one step
-            line(level, "request", fields, external=_EXTERNAL if not extra else None)
-        else:
+            if ex.client_request_id is not None:
+                fields["client_request_id"] = ex.client_request_id
+            if ex.resumer is not None:
+                fields["resumes"] = ex.resumer.resumes
+                if any(result is not ResumeResult.RESUMED for _, result in ex.resumer.decisions):
+                    fields["resume_refusal"] = ex.resumer.refusal  # why the last break was not mended
+            external = None  # (every string is cleaned)
+        if message is not None:
+            fields["upstream_message"] = message
+        if cause is not None:
+            fields["cause"] = cause
+        if writer is None:
             getattr(self.logger, level)("request", **fields)
+            return
+        if not extra:
+            # The texts that can come from outside tested at once, joined: when they are short printable
+            # ASCII together (the usual request), none of them needs cleaning, one by one.
+            texts = f"{request_id}{method}{path}{model or ''}{client or ''}{message or ''}{cause or ''}"
+            if len(texts) <= MAX_LOGGED_STRING and texts.isascii() and texts.isprintable():
+                external = ()
+        writer.line(level, "request", fields, external=external)
 
     def _count_abort(self, ex: ExchangeRecord, now: float) -> str:
         """Where the client left; before any content, also how long it had waited (queueing pain)."""
@@ -189,27 +221,3 @@ class Books:
         tpot = gaps.time_per_output_token()
         if tpot is not None:
             self.metrics.time_per_output_token.labels(api=api).observe(tpot)
-
-    def _count_tokens(self, ex: ExchangeRecord, model: str) -> str | None:
-        """Usage from the upstream where it gave it; else a stream's delivered content events, estimated.
-
-        A stream that ends early often has its prompt count (vLLM's first chunk, Anthropic's
-        `message_start`) but no completion count: the prompt is booked from usage, the completion
-        as estimated, and the log line says `estimated`. A resumed stream's usage is estimated too
-        when a continuation went out on the chunks' count of the answer so far (no `/tokenize`).
-        """
-        tokens = self.metrics.counts.tokens
-        given = "estimated" if ex.resumer is not None and ex.resumer.estimated else "usage"
-        source: str | None = None
-        if ex.prompt_tokens:
-            tokens(ex.api, model, "prompt", given, ex.prompt_tokens)
-            source = given
-        if ex.completion_tokens is not None:
-            if ex.completion_tokens:
-                tokens(ex.api, model, "completion", given, ex.completion_tokens)
-            return given
-        if ex.content_events:
-            ex.completion_tokens = ex.content_events
-            tokens(ex.api, model, "completion", "estimated", ex.content_events)
-            return "estimated"
-        return source

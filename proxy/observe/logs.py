@@ -22,14 +22,16 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import orjson
 import structlog
+from orjson import OPT_APPEND_NEWLINE, dumps
 
 from proxy.observe.log_lines import Lines
 
-__all__ = ["MAX_LOGGED_STRING", "Logger", "clean_text", "make_logger"]
+__all__ = ["MAX_LOGGED_STRING", "LineWriter", "Logger", "clean_text", "make_logger"]
 
 MAX_LOGGED_STRING = 256
 # Control characters (ANSI escapes included) and lone surrogates, which a client can put in a header
@@ -59,6 +61,7 @@ def _clean_strings(_: Any, __: str, event_dict: structlog.typing.EventDict) -> s
             event_dict[key] = clean_text(value)
     return event_dict
 
+_wall_clock = time.time  # (the request line's names bound once: a global, not a module's attribute, each line)
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -76,17 +79,21 @@ class _Clock:
         self._text = ""
 
     def now(self) -> str:
-        stamp = time.time()
+        stamp = _wall_clock()
         second = int(stamp)
         micro = int((stamp - second) * 1_000_000)
         if second != self._second:
             moment = datetime.datetime.fromtimestamp(second, tz=datetime.UTC)
             self._second, self._text = second, moment.isoformat().removesuffix("+00:00")
-        return f"{self._text}.{micro:06d}Z" if micro else f"{self._text}Z"  # (isoformat drops a zero fraction)
+        if not micro:
+            return f"{self._text}Z"  # (isoformat drops a zero fraction)
+        # The six digits, zero-padded, as `{micro:06d}` gives them without a format spec's parse.
+        return f"{self._text}.{str(micro + 1_000_000)[1:]}Z"
 
 
-class Logger:
-    """structlog's bound logger (every method, `bind` included), plus `line`: one event in one step."""
+class LineWriter:
+    """`Logger.line`'s one step, in an object of its own: a class with `__getattr__` (the Logger) has
+    every attribute lookup go through the hook's slow path, this one's are plain slot reads."""
 
     __slots__ = ("_bound", "_clock", "_context", "_json", "_lines", "_lowest")
 
@@ -100,12 +107,60 @@ class Logger:
         self._context = context
         self._clock = clock
 
+    def bind(self, bound: Any, values: dict[str, Any]) -> LineWriter:
+        # The context's strings are cleaned here, once, rather than in every line that carries them.
+        cleaned = {key: clean_text(value) if type(value) is str else value for key, value in values.items()}
+        return LineWriter(bound, self._lines, json=self._json, lowest=self._lowest,
+                          context={**self._context, **cleaned}, clock=self._clock)  # fmt: skip
+
+    def drops(self, level: str) -> bool:
+        """A line at `level` is not written (below the logger's level)."""
+        return _LEVELS[level] < self._lowest
+
+    def line(self, level: str, event: str, fields: dict[str, Any], *, external: tuple[str, ...] | None = None) -> None:
+        """`getattr(logger, level)(event, **fields)`, the JSON line rendered without the chain.
+
+        `fields` becomes the line itself (not copied): the caller hands over a dict it made for it.
+        `external`: the only keys whose values can come from outside (a client, the upstream), the
+        only ones cleaned (the bound context's were, when bound); None: every string is; `()`: the
+        caller found every one of them clean already."""
+        if _LEVELS[level] < self._lowest:
+            return
+        if not self._json:
+            getattr(self._bound, level)(event, **fields)
+            return
+        if external is None:
+            external = tuple(fields)
+        for key in external:
+            value = fields.get(key)  # (clean_text's own fast test, inlined: most values pass it)
+            if (type(value) is str and not (len(value) <= MAX_LOGGED_STRING and value.isascii() and value.isprintable())
+                    and key not in _RAW_KEYS):
+                fields[key] = clean_text(value)
+        out = {**self._context, **fields} if self._context else fields
+        out["event"] = event
+        out["level"] = level
+        out["timestamp"] = self._clock.now()
+        self._lines.write(dumps(out, default=str, option=OPT_APPEND_NEWLINE).decode())
+
+
+class Logger:
+    """structlog's bound logger (every method, `bind` included), plus `line`: one event in one step
+    (its `writer`'s, which also says whether a level's line would be written at all)."""
+
+    __slots__ = ("_bound", "_lines", "line", "writer")
+
+    def __init__(self, bound: Any, lines: Lines, writer: LineWriter) -> None:
+        self._bound = bound
+        self._lines = lines
+        self.writer = writer  # (its methods called directly, compiled: no call through an attribute)
+        self.line: Callable[..., None] = writer.line
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bound, name)
 
     def bind(self, **values: Any) -> Logger:
-        return Logger(self._bound.bind(**values), self._lines, json=self._json, lowest=self._lowest,
-                      context={**self._context, **values}, clock=self._clock)  # fmt: skip
+        bound = self._bound.bind(**values)
+        return Logger(bound, self._lines, self.writer.bind(bound, values))
 
     def hold_lines(self, loop: asyncio.AbstractEventLoop) -> None:
         """From now on the lines written on `loop`'s thread are written once per turn of it."""
@@ -118,28 +173,6 @@ class Logger:
     def release_lines(self) -> None:
         """What is held is written now, and every line from here on at once (shutdown's end)."""
         self._lines.release()
-
-    def line(self, level: str, event: str, fields: dict[str, Any], *, external: tuple[str, ...] | None = None) -> None:
-        """`getattr(logger, level)(event, **fields)`, the JSON line rendered without the chain.
-
-        `fields` becomes the line itself (not copied): the caller hands over a dict it made for it.
-        `external`: the only keys whose values can come from outside (a client, the upstream), the
-        only ones cleaned besides the bound context's; None: every string is."""
-        if _LEVELS[level] < self._lowest:
-            return
-        if not self._json:
-            getattr(self._bound, level)(event, **fields)
-            return
-        out = {**self._context, **fields} if self._context else fields
-        for key in out if external is None or self._context else external:
-            value = out.get(key)  # (clean_text's own fast test, inlined: most values pass it)
-            if (type(value) is str and not (len(value) <= MAX_LOGGED_STRING and value.isascii() and value.isprintable())
-                    and key not in _RAW_KEYS):
-                out[key] = clean_text(value)
-        out["event"] = event
-        out["level"] = level
-        out["timestamp"] = self._clock.now()
-        self._lines.write(orjson.dumps(out, default=str).decode() + "\n")
 
 
 def make_logger(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> Logger:
@@ -160,4 +193,5 @@ def make_logger(fmt: str = "json", level: str = "info", stream: TextIO | None = 
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         cache_logger_on_first_use=True,
     )
-    return Logger(bound, lines, json=fmt == "json", lowest=_LEVELS[level], context={}, clock=_Clock())
+    writer = LineWriter(bound, lines, json=fmt == "json", lowest=_LEVELS[level], context={}, clock=_Clock())
+    return Logger(bound, lines, writer)

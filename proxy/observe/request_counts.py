@@ -46,7 +46,10 @@ class RequestCounts:
         raise NotImplementedError
 
     def finished(self, api: str, model: str, outcome: str, reason: str, code: str, seconds: float,
-                 ttft: float | None) -> None:  # fmt: skip
+                 ttft: float | None, prompt: int = 0, completion: int = 0, given: str = "usage",
+                 estimated: int = 0) -> None:  # fmt: skip
+        """An exchange ended; with its tokens: `prompt` and `completion` from the upstream's usage
+        (counted with `given` as their source), `estimated` completion tokens (from its events)."""
         raise NotImplementedError
 
     def tokens(self, api: str, model: str, kind: str, source: str, count: int) -> None:
@@ -63,35 +66,101 @@ class _Buckets:
         self.total = 0.0
 
 
+class _Count:
+    """One counter series' value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+
+class _Ending:
+    """The series one kind of ending adds to (an api, model, outcome, reason and upstream code): found
+    with one lookup per exchange instead of one per family. The TTFT and token series are found at
+    their first value (the tokens of the usual sources: the upstream's usage, estimated completions)."""
+
+    __slots__ = ("completion_estimated", "completion_usage", "duration", "prompt_usage", "requests", "ttft",
+                 "upstream")  # fmt: skip
+
+    def __init__(self, requests: _Count, upstream: _Count, duration: _Buckets, ttft: _Buckets | None) -> None:
+        self.requests = requests
+        self.upstream = upstream
+        self.duration = duration
+        self.ttft = ttft
+        self.prompt_usage: _Count | None = None
+        self.completion_usage: _Count | None = None
+        self.completion_estimated: _Count | None = None
+
+
 class PlainRequestCounts(RequestCounts, Collector):
     """One process: dicts on the hot path, prometheus families at scrape time."""
 
     def __init__(self, apis: Sequence[str]) -> None:
-        self._requests: dict[tuple[str, ...], float] = {}
-        self._upstream: dict[tuple[str, ...], float] = {}
-        self._tokens: dict[tuple[str, ...], float] = {}
+        self._requests: dict[tuple[str, ...], _Count] = {}
+        self._upstream: dict[tuple[str, ...], _Count] = {}
+        self._tokens: dict[tuple[str, ...], _Count] = {}
         self._inflight: dict[str, float] = dict.fromkeys(apis, 0.0)  # every api's series exists at 0
         self._duration: dict[tuple[str, ...], _Buckets] = {}
         self._ttft: dict[tuple[str, ...], _Buckets] = {}
+        self._endings: dict[tuple[str, ...], _Ending] = {}
 
     def started(self, api: str) -> None:
         self._inflight[api] = self._inflight.get(api, 0.0) + 1
 
     def finished(self, api: str, model: str, outcome: str, reason: str, code: str, seconds: float,
-                 ttft: float | None) -> None:  # fmt: skip
-        self._inflight[api] = self._inflight.get(api, 0.0) - 1
-        requests, upstream = self._requests, self._upstream
-        key: tuple[str, ...] = (api, model, outcome, reason)
-        requests[key] = requests.get(key, 0.0) + 1
-        key = (api, code)
-        upstream[key] = upstream.get(key, 0.0) + 1
-        _observe(self._duration, (api, outcome), DURATION_BUCKETS, seconds)
+                 ttft: float | None, prompt: int = 0, completion: int = 0, given: str = "usage",
+                 estimated: int = 0) -> None:  # fmt: skip
+        inflight = self._inflight
+        inflight[api] = inflight.get(api, 0.0) - 1
+        ending = self._endings.get((api, model, outcome, reason, code))
+        if ending is None:
+            ending = self._ending(api, model, outcome, reason, code)
+        ending.requests.value += 1
+        ending.upstream.value += 1
+        duration = ending.duration
+        duration.counts[bisect_left(DURATION_BUCKETS, seconds)] += 1  # (a value on a bound is in its bucket)
+        duration.total += seconds
         if ttft is not None:
-            _observe(self._ttft, (api, model), TTFT_BUCKETS, ttft)
+            series = ending.ttft
+            if series is None:
+                series = ending.ttft = _series(self._ttft, (api, model), len(TTFT_BUCKETS) + 1)
+            series.counts[bisect_left(TTFT_BUCKETS, ttft)] += 1
+            series.total += ttft
+        if given != "usage":  # (a resumed stream's estimated usage: its series looked up)
+            if prompt:
+                self.tokens(api, model, "prompt", given, prompt)
+            if completion:
+                self.tokens(api, model, "completion", given, completion)
+        else:
+            if prompt:
+                cell = ending.prompt_usage
+                if cell is None:
+                    cell = ending.prompt_usage = _counter(self._tokens, (api, model, "prompt", "usage"))
+                cell.value += prompt
+            if completion:
+                cell = ending.completion_usage
+                if cell is None:
+                    cell = ending.completion_usage = _counter(self._tokens, (api, model, "completion", "usage"))
+                cell.value += completion
+        if estimated:
+            cell = ending.completion_estimated
+            if cell is None:
+                cell = ending.completion_estimated = _counter(self._tokens, (api, model, "completion", "estimated"))
+            cell.value += estimated
+
+    def _ending(self, api: str, model: str, outcome: str, reason: str, code: str) -> _Ending:
+        """The series of an ending not met before (theirs may exist: other endings share them)."""
+        requests = _counter(self._requests, (api, model, outcome, reason))
+        upstream = _counter(self._upstream, (api, code))
+        duration = _series(self._duration, (api, outcome), len(DURATION_BUCKETS) + 1)
+        ending = self._endings[(api, model, outcome, reason, code)] = _Ending(
+            requests, upstream, duration, self._ttft.get((api, model))
+        )
+        return ending
 
     def tokens(self, api: str, model: str, kind: str, source: str, count: int) -> None:
-        key = (api, model, kind, source)
-        self._tokens[key] = self._tokens.get(key, 0.0) + count
+        _counter(self._tokens, (api, model, kind, source)).value += count
 
     def describe(self) -> Iterator[Metric]:
         return self._families(empty=True)
@@ -100,8 +169,8 @@ class PlainRequestCounts(RequestCounts, Collector):
         return self._families(empty=False)
 
     def _families(self, *, empty: bool) -> Iterator[Metric]:
-        for (name, doc, labels), values in ((REQUESTS, self._requests), (UPSTREAM, self._upstream),
-                                            (TOKENS, self._tokens)):  # fmt: skip
+        for (name, doc, labels), values in ((REQUESTS, _values(self._requests)), (UPSTREAM, _values(self._upstream)),
+                                            (TOKENS, _values(self._tokens))):  # fmt: skip
             counter = CounterMetricFamily(name, doc, labels=labels)
             if not empty:
                 for key, value in values.items():
@@ -127,13 +196,22 @@ class PlainRequestCounts(RequestCounts, Collector):
         yield gauge
 
 
-def _observe(series: dict[tuple[str, ...], _Buckets], key: tuple[str, ...], bounds: Sequence[float],
-             value: float) -> None:  # fmt: skip
+def _series(series: dict[tuple[str, ...], _Buckets], key: tuple[str, ...], size: int) -> _Buckets:
     buckets = series.get(key)
     if buckets is None:
-        buckets = series[key] = _Buckets(len(bounds) + 1)
-    buckets.counts[bisect_left(bounds, value)] += 1  # (prometheus: a value equal to a bound is in its bucket)
-    buckets.total += value
+        buckets = series[key] = _Buckets(size)
+    return buckets
+
+
+def _counter(series: dict[tuple[str, ...], _Count], key: tuple[str, ...]) -> _Count:
+    count = series.get(key)
+    if count is None:
+        count = series[key] = _Count()
+    return count
+
+
+def _values(series: dict[tuple[str, ...], _Count]) -> dict[tuple[str, ...], float]:
+    return {key: count.value for key, count in series.items()}
 
 
 class SharedRequestCounts(RequestCounts):
@@ -162,7 +240,8 @@ class SharedRequestCounts(RequestCounts):
         self._child(self.inflight, api).inc()
 
     def finished(self, api: str, model: str, outcome: str, reason: str, code: str, seconds: float,
-                 ttft: float | None) -> None:  # fmt: skip
+                 ttft: float | None, prompt: int = 0, completion: int = 0, given: str = "usage",
+                 estimated: int = 0) -> None:  # fmt: skip
         child = self._child
         child(self.inflight, api).dec()
         child(self.requests, api, model, outcome, reason).inc()
@@ -170,6 +249,12 @@ class SharedRequestCounts(RequestCounts):
         child(self.upstream, api, code).inc()
         if ttft is not None:
             child(self.ttft, api, model).observe(ttft)
+        if prompt:
+            self.tokens(api, model, "prompt", given, prompt)
+        if completion:
+            self.tokens(api, model, "completion", given, completion)
+        if estimated:
+            self.tokens(api, model, "completion", "estimated", estimated)
 
     def tokens(self, api: str, model: str, kind: str, source: str, count: int) -> None:
         self._child(self.token_counts, api, model, kind, source).inc(count)

@@ -10,19 +10,24 @@ from proxy.observe.metrics import APIS
 from proxy.observe.request_counts import DURATION_BUCKETS, PlainRequestCounts, RequestCounts, SharedRequestCounts
 
 EXCHANGES = [
-    ("chat_completions", "m", "ok", "complete", "200", 0.05, 0.01),  # both on a bucket bound
     ("chat_completions", "m", "ok", "complete", "200", 0.7, None),
+    ("chat_completions", "m", "ok", "complete", "200", 0.05, 0.01),  # both on a bucket bound
+    ("chat_completions", "m", "error", "upstream_aborted", "200", 0.2, 0.02),  # the same TTFT series
+    ("chat_completions", "m", "ok", "complete", "200", 0.3, 0.5),
     ("responses", "other", "error", "upstream_5xx", "503", 700.0, None),  # past the last bound: +Inf only
     ("embeddings", "unknown", "aborted", "client_gone", "none", 0.0, 0.3),
 ]
+# Tokens booked with the exchange's end: (prompt, completion, their source, estimated completion).
+TOKENS = [(8, 100, "usage", 0), (0, 0, "usage", 0), (5, 0, "usage", 4), (2, 3, "estimated", 0), (0, 0, "usage", 0),
+          (1, 0, "usage", 0)]  # fmt: skip
 
 
 def _feed(counts: RequestCounts) -> None:
     for api, *_ in EXCHANGES:
         counts.started(api)
     counts.started("models")  # still in flight at the scrape
-    for api, model, outcome, reason, code, seconds, ttft in EXCHANGES:
-        counts.finished(api, model, outcome, reason, code, seconds, ttft)
+    for (api, model, outcome, reason, code, seconds, ttft), tokens in zip(EXCHANGES, TOKENS, strict=True):
+        counts.finished(api, model, outcome, reason, code, seconds, ttft, *tokens)
         counts.tokens(api, model, "prompt", "usage", 3)
     counts.tokens("chat_completions", "m", "completion", "estimated", 7)
 

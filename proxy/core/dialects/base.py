@@ -19,7 +19,7 @@ from proxy.core.compile_attrs import mypyc_attr
 from proxy.core.dialects.errors import ErrorCode, ErrorInfo, anthropic_error_body, describe_error, openai_error_body
 from proxy.core.sse import Event
 
-__all__ = ["Dialect", "DialectStream", "Kind", "Usage", "reported", "usage_from"]
+__all__ = ["Dialect", "DialectStream", "Kind", "Usage", "described_usage", "reported", "usage_from"]
 
 
 class Kind(enum.Enum):
@@ -37,7 +37,7 @@ class Kind(enum.Enum):
     ABORTED = enum.auto()  # the backend aborted the generation (vLLM's `finish_reason: "abort"`): a failure
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Usage:
     """What the upstream reported about the generation: token counts (either may be missing) and, for
     traces, the model that answered and why each choice stopped (not part of equality: the books
@@ -50,6 +50,15 @@ class Usage:
     completion_tokens: int | None
     model: str | None = field(default=None, compare=False)
     finish_reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    # (`__init__` written out, not the dataclass's: compiled, the dataclass's generated one is an
+    # interpreted call with an argument tuple, three times the work of a native one.)
+    def __init__(self, prompt_tokens: int | None, completion_tokens: int | None, model: str | None = None,
+                 finish_reasons: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.model = model
+        self.finish_reasons = finish_reasons
 
     def described(self, model: str | None, finish_reasons: tuple[str, ...]) -> Usage:
         return Usage(self.prompt_tokens, self.completion_tokens, model, finish_reasons)
@@ -64,6 +73,23 @@ def reported(usage: Usage | None, model: str | None, finish_reasons: tuple[str, 
 
 def _count(value: object) -> int | None:
     return value if type(value) is int and value >= 0 else None
+
+
+def described_usage(
+    obj: object, keys: tuple[str, str] | None, model: str | None, finish_reasons: tuple[str, ...]
+) -> Usage | None:
+    """`reported(usage_from(obj, *keys), model, finish_reasons)` (no counts read without `keys`),
+    made at once: one `Usage` at most."""
+    prompt = completion = None
+    if keys is not None and isinstance(obj, dict):  # (`_count` of each, inlined)
+        prompt, completion = obj.get(keys[0]), obj.get(keys[1])
+        if type(prompt) is not int or prompt < 0:
+            prompt = None
+        if type(completion) is not int or completion < 0:
+            completion = None
+    if prompt is None and completion is None and model is None and not finish_reasons:
+        return None
+    return Usage(prompt, completion, model, finish_reasons)
 
 
 def usage_from(obj: object, prompt_key: str, completion_key: str) -> Usage | None:

@@ -50,7 +50,7 @@ _TYPE_STATUS = {
 }
 _STATUS_KEYS = ("code", "status", "status_code", "http_status_code")
 # Keys that only a successful object carries: their presence means "not an error object".
-_SUCCESS_KEYS = ("choices", "data", "output", "content", "embedding")
+_SUCCESS_KEYS = frozenset({"choices", "data", "output", "content", "embedding"})
 _TITLE = re.compile(rb"<title[^>]*>(.*?)</title\s*>", re.IGNORECASE | re.DOTALL)
 _TAG = re.compile(r"<[^>]*>")
 _SPACE = re.compile(r"\s+")
@@ -208,7 +208,7 @@ def is_error_object(obj: dict[str, object]) -> bool:
     """An error in any backend's shape (and not a success object that merely has an `error` field)."""
     if obj.get("object") == "error" or obj.get("type") == "error":
         return True
-    if any(key in obj for key in _SUCCESS_KEYS) or obj.get("object") == "response":
+    if not _SUCCESS_KEYS.isdisjoint(obj) or obj.get("object") == "response":
         return False
     return bool(obj.get("error")) or "detail" in obj or isinstance(obj.get("message"), str)
 
