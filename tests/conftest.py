@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from support import AiohttpServer, FakeUpstream, Proxy, ProxyFactory, ServeUpstream
 from support.cut_relay import CutRelay
+from support.hostile import RawUpstream
 
 from proxy.config import Config
 from proxy.observe.logs import make_logger
@@ -80,6 +81,15 @@ async def proxy(make_proxy: ProxyFactory) -> Proxy:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         yield session
+
+
+@pytest.fixture
+async def raw_upstreams() -> AsyncIterator[list[RawUpstream]]:
+    """The raw-socket upstreams a test starts (it appends them), closed after it."""
+    started: list[RawUpstream] = []
+    yield started
+    for upstream in started:
+        await upstream.close()
 
 
 @pytest.fixture

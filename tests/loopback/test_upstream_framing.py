@@ -8,8 +8,6 @@ bodies are framed by the close, so they arrive whole, not as a cut chunked body.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import aiohttp
 import pytest
 from support import ProxyFactory
@@ -26,14 +24,6 @@ def _upstream(head: bytes, body: bytes, *, close: bool) -> RawUpstream:
                 return  # the close ends the body
 
     return RawUpstream(script)
-
-
-@pytest.fixture
-async def raw_upstreams() -> AsyncIterator[list[RawUpstream]]:
-    started: list[RawUpstream] = []
-    yield started
-    for upstream in started:
-        await upstream.close()
 
 
 async def _get(make_proxy: ProxyFactory, upstream: RawUpstream, started: list[RawUpstream]) -> tuple[

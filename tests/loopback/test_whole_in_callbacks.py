@@ -10,10 +10,9 @@ books as an exchange run as a task gives.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import orjson
-import pytest
 from support import Proxy, ProxyFactory, until
 from support.hostile import WAIT, Connection, RawUpstream, chat_json, response
 
@@ -39,14 +38,6 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], 
             if size == 0:
                 return int(lines[0].split()[1]), headers, body
     return int(lines[0].split()[1]), headers, await reader.readexactly(int(headers.get("content-length", "0")))
-
-
-@pytest.fixture
-async def raw_upstreams() -> AsyncIterator[list[RawUpstream]]:
-    started: list[RawUpstream] = []
-    yield started
-    for upstream in started:
-        await upstream.close()
 
 
 Second = Callable[[Connection], Awaitable[None]]
