@@ -75,7 +75,8 @@ def outline(api: str, events: list[Any]) -> dict[str, Any]:
     """A stream without its chunking: vLLM's output processor coalesces the tokens of a consumer that falls
     behind, so where one run has two deltas a busy rerun has one (and where events split is not fixed).
     What is compared: the first and the last event whole (role chunk, usage chunk, response.completed),
-    the kinds of event in order with repeats collapsed, and the finish reasons."""
+    the kinds of event in order with repeats collapsed, and the finish reasons. A first event's running
+    usage (vLLM's usage in every chunk) counts the tokens coalesced into it: 1 or 2 by the same timing."""
     normal = normalise(events, VOLATILE)
     if api == "responses":
         for event in normal:
@@ -88,6 +89,9 @@ def outline(api: str, events: list[Any]) -> dict[str, Any]:
     collapsed = [k for n, k in enumerate(kinds) if n == 0 or kinds[n - 1] != k]
     if api == "completions":  # its first event is already text
         normal[0]["choices"] = [{k: v for k, v in ch.items() if k != "text"} for ch in normal[0]["choices"]]
+    running = normal[0].get("usage") if len(normal) > 1 else None
+    if isinstance(running, dict):  # usage in every chunk: the first one counts what was coalesced into it
+        normal[0]["usage"] = {**running, "completion_tokens": "running", "total_tokens": "running"}
     return {"first": normal[0], "last": normal[-1], "kinds": collapsed, "finishes": finishes}
 
 
