@@ -22,9 +22,13 @@ class BodyBudget:
         self.used = 0
         self._waiters: list[asyncio.Future[None]] = []
 
+    def fits(self, size: int) -> bool:
+        """Whether `size` more bytes are within the bound now."""
+        return self.used + size <= self.limit
+
     def take_now(self, size: int) -> bool:
         """Reserve `size` bytes if there is room now (no coroutine to await: the common case)."""
-        if self.used + size > self.limit:
+        if not self.fits(size):
             return False
         self.used += size
         return True
@@ -33,10 +37,10 @@ class BodyBudget:
         """Reserve `size` bytes; False when no room came within the wait."""
         if size > self.limit:
             return False
-        if self.used + size > self.limit:
+        if not self.fits(size):
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.wait
-            while self.used + size > self.limit:
+            while not self.fits(size):
                 waiter = loop.create_future()
                 self._waiters.append(waiter)
                 try:

@@ -181,7 +181,7 @@ def _quick_link(flight: _Flight) -> UpstreamLink | None:
     if announced is None:
         if "Transfer-Encoding" in request.headers:
             return None  # (a chunked body is reserved as it comes, which may wait)
-    elif announced > state.config.max_body_size or state.body_budget.used + announced > state.body_budget.limit:
+    elif announced > state.config.max_body_size or not state.body_budget.fits(announced):
         return None
     return state.upstream.take_idle()
 
